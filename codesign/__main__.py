@@ -1,0 +1,5 @@
+import sys
+
+from codesign.cli import main
+
+sys.exit(main())

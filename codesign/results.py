@@ -1,0 +1,28 @@
+"""What a finished attempt produced: its status and, when it ran, its measurements."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+RUNNING = "running"
+SUCCEEDED = "succeeded"
+FAILED = "failed"
+TIMEOUT = "timeout"
+OOM = "oom"
+INVALID = "invalid"
+INTERRUPTED = "interrupted"
+FINAL_STATUSES = (SUCCEEDED, FAILED, TIMEOUT, OOM, INVALID, INTERRUPTED)
+
+# Measurements a job body reports; each is a column of the attempts table.
+METRIC_COLUMNS = ("avg", "median", "p90", "max_memory", "throughput", "compile_time",
+                  "predicted_time", "predicted_memory", "device_kind", "versions")
+
+
+@dataclass
+class Outcome:
+    status: str
+    error: str = ""
+    metrics: dict[str, Any] = field(default_factory=dict)
+    plan: dict[str, Any] = field(default_factory=dict)  # concrete devices, stages, shardings
+    duration: float | None = None

@@ -1,0 +1,142 @@
+"""Frozen specs parsed once from TOML; every later stage reads only these."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+MIXERS = ("DOT", "LINEAR", "ATTENTION", "CONVOLUTION")
+TRANSPORTS = ("NVLink", "EFAx4", "TCPx4")
+PLATFORMS = ("gpu", "cpu", "auto")
+PRECISIONS = ("fp32", "bf16")
+SCHEDULES = ("1F1B", "GPipe")
+AUTO_SEARCH = "Auto search"
+SHARDING_OPTIONS = ("force_batch_dim_to_mesh_dim", "prefer_reduce_scatter")
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    num_features: int
+    emb_dim: int
+    output_per_emb: int
+    num_zhen_layers: int
+    tokens: tuple[tuple[str, ...], ...]  # one tuple of mixers per layer
+
+    @property
+    def is_homogeneous(self) -> bool:
+        return len(set(self.tokens)) == 1
+
+    def summary(self) -> str:
+        mixers = "/".join("".join(m[0] for m in layer) for layer in self.tokens)
+        return (f"F{self.num_features} D{self.emb_dim} O{self.output_per_emb} "
+                f"L{self.num_zhen_layers} [{mixers}]")
+
+    def to_toml(self) -> dict[str, Any]:
+        """The `[[model]]` table users write: a flat token list when every layer is alike."""
+        tokens: list = list(self.tokens[0]) if self.is_homogeneous else [list(t) for t in self.tokens]
+        return {"num_features": self.num_features, "emb_dim": self.emb_dim,
+                "output_per_emb": self.output_per_emb,
+                "num_zhen_layers": self.num_zhen_layers, "tokens": tokens}
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    num_hosts: int
+    num_devices_per_host: int
+    transport: str
+    platform: str = "gpu"
+
+    @property
+    def num_devices(self) -> int:
+        return self.num_hosts * self.num_devices_per_host
+
+    def summary(self) -> str:
+        return f"{self.num_hosts}x{self.num_devices_per_host} {self.transport} ({self.platform})"
+
+
+@dataclass(frozen=True)
+class TrainingSpec:
+    avg_batch_size_per_device: int
+    num_iters: int
+    learning_rate: float = 1e-3
+    seed: int = 0
+    precision: str = "fp32"
+
+    @property
+    def warmup_iters(self) -> int:
+        """Iterations excluded from the latency figures (compilation, caches)."""
+        return 2 if self.num_iters >= 5 else 1
+
+
+@dataclass(frozen=True)
+class ParallelSpec:
+    description: str
+    num_micro_batches: tuple[int, ...]
+    num_auto_layers: int = 1
+    remat_layer: bool = False
+    pp_dp_op: tuple[int, int, int] | None = None
+    physical_mesh_shape: tuple[int, int] | None = None
+    auto_sharding_option: tuple[tuple[str, Any], ...] = ()
+    host_ids: tuple[tuple[int, ...], ...] | None = None
+    device_ids: tuple[tuple[tuple[int, ...], ...], ...] | None = None
+    pipeline_schedule: str = "1F1B"
+
+    @property
+    def is_auto(self) -> bool:
+        return self.description == AUTO_SEARCH
+
+    @property
+    def sharding_options(self) -> dict[str, Any]:
+        return dict(self.auto_sharding_option)
+
+    def summary(self) -> str:
+        if self.is_auto:
+            return f"{AUTO_SEARCH} groups={self.num_auto_layers}"
+        pp, dp, op = self.pp_dp_op
+        remat = " remat" if self.remat_layer else ""
+        return f"pp{pp} dp{dp} op{op} groups={self.num_auto_layers}{remat}"
+
+
+@dataclass(frozen=True)
+class Job:
+    """One run: a model on a cluster under one parallel plan and one micro-batch count."""
+
+    model: ModelSpec
+    cluster: ClusterSpec
+    training: TrainingSpec
+    parallel: ParallelSpec
+    num_micro_batches: int
+    platform: str  # resolved: "gpu" or "cpu"
+
+    @property
+    def global_batch(self) -> int:
+        return self.training.avg_batch_size_per_device * self.cluster.num_devices
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Job:
+        return cls(model=_model_from_dict(data["model"]),
+                   cluster=ClusterSpec(**data["cluster"]),
+                   training=TrainingSpec(**data["training"]),
+                   parallel=_parallel_from_dict(data["parallel"]),
+                   num_micro_batches=data["num_micro_batches"],
+                   platform=data["platform"])
+
+
+def _tuplify(value: Any) -> Any:
+    if isinstance(value, (list, tuple)):
+        return tuple(_tuplify(v) for v in value)
+    return value
+
+
+def _model_from_dict(data: dict[str, Any]) -> ModelSpec:
+    return ModelSpec(**{**data, "tokens": _tuplify(data["tokens"])})
+
+
+def _parallel_from_dict(data: dict[str, Any]) -> ParallelSpec:
+    fields = {k: _tuplify(v) for k, v in data.items()}
+    fields["auto_sharding_option"] = tuple(tuple(kv) for kv in fields["auto_sharding_option"])
+    return ParallelSpec(**fields)

@@ -1,0 +1,216 @@
+"""The results DB: the only module that speaks SQL.
+
+One row per attempt. The store enforces the attempt state machine: an attempt is
+claimed as `running` atomically (two orchestrators never run one job at once), and
+only a running attempt can be closed. A running attempt whose orchestrator is gone
+(dead pid on this host, or a heartbeat older than STALE_AFTER by the DB's clock)
+becomes `interrupted`. The schema version lives in PRAGMA user_version, and older
+DBs are brought forward by the ordered MIGRATIONS.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import json
+import os
+import socket
+import sqlite3
+import uuid
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import psutil
+
+from codesign.errors import StoreError
+from codesign.results import FINAL_STATUSES, INTERRUPTED, METRIC_COLUMNS, RUNNING, SUCCEEDED, Outcome
+from codesign.specs import Job
+
+STALE_AFTER = 120.0  # seconds without a heartbeat before another host's attempt counts as dead
+NOW = "((julianday('now') - 2440587.5) * 86400.0)"  # the DB clock, in unix seconds
+
+LEGACY_COLUMNS = (
+    "datetime", "job_duration", "trail_uuid", "num_zhen_layers", "token_mixer", "input_features",
+    "emb_dimensions", "output_per_ensemble", "num_nodes", "gpus_per_node", "transport",
+    "input_batch_size", "avg_batch_size_per_gpu", "num_iters", "description", "num_micro_batches",
+    "num_auto_layers", "pp_dp_op", "physical_mesh_shapes", "host_ids", "device_ids", "remat_layer",
+    "avg", "median", "p90", "max_memory", "error", "all_configs")
+
+_V1 = f"""
+CREATE TABLE attempts (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    job_key TEXT NOT NULL,
+    status TEXT NOT NULL CHECK (status IN ('{RUNNING}', {", ".join(f"'{s}'" for s in FINAL_STATUSES)})),
+    datetime TEXT, job_duration REAL, trail_uuid TEXT,
+    num_zhen_layers INTEGER, token_mixer TEXT, input_features INTEGER, emb_dimensions INTEGER,
+    output_per_ensemble INTEGER, num_nodes INTEGER, gpus_per_node INTEGER, transport TEXT,
+    input_batch_size INTEGER, avg_batch_size_per_gpu INTEGER, num_iters INTEGER,
+    description TEXT, num_micro_batches INTEGER, num_auto_layers INTEGER, pp_dp_op TEXT,
+    physical_mesh_shapes TEXT, host_ids TEXT, device_ids TEXT, remat_layer INTEGER,
+    avg REAL, median REAL, p90 REAL, max_memory INTEGER, error TEXT, all_configs TEXT,
+    throughput REAL, compile_time REAL, predicted_time REAL, predicted_memory INTEGER,
+    platform TEXT, device_kind TEXT, versions TEXT,
+    host TEXT, pid INTEGER, started_at REAL, heartbeat REAL, finished_at REAL
+);
+CREATE INDEX attempts_by_key ON attempts (job_key, status);
+"""
+
+MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [
+    lambda conn: conn.executescript(_V1),
+]
+SCHEMA_VERSION = len(MIGRATIONS)
+
+
+class Store:
+    def __init__(self, path: str | Path, read_only: bool = False):
+        self.path = str(path)
+        self.host = socket.gethostname()
+        self.pid = os.getpid()
+        try:
+            if read_only:
+                self.conn = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, isolation_level=None)
+            else:
+                self.conn = sqlite3.connect(self.path, isolation_level=None, timeout=30)
+                self.conn.execute("PRAGMA journal_mode=WAL")
+        except sqlite3.Error as err:
+            raise StoreError(f"{self.path}: cannot open results DB: {err}") from None
+        self.conn.row_factory = sqlite3.Row
+        self._check_schema(read_only)
+
+    @classmethod
+    def open_if_exists(cls, path: str | Path) -> Store | None:
+        """Read-only view for a dry run, which must not create the DB."""
+        return cls(path, read_only=True) if Path(path).exists() else None
+
+    def close(self) -> None:
+        self.conn.close()
+
+    @contextlib.contextmanager
+    def _transaction(self) -> Iterator[sqlite3.Connection]:
+        """Every write goes through here: BEGIN IMMEDIATE serialises orchestrators."""
+        self.conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield self.conn
+        except BaseException:
+            self.conn.execute("ROLLBACK")
+            raise
+        self.conn.execute("COMMIT")
+
+    def _check_schema(self, read_only: bool) -> None:
+        version = self.conn.execute("PRAGMA user_version").fetchone()[0]
+        if version > SCHEMA_VERSION:
+            raise StoreError(f"{self.path}: schema version {version} is newer than this codesign "
+                             f"understands ({SCHEMA_VERSION}); upgrade codesign")
+        if version == SCHEMA_VERSION or read_only:
+            return
+        with self._transaction() as conn:
+            for migrate in MIGRATIONS[version:]:
+                migrate(conn)
+            conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+
+    @property
+    def schema_version(self) -> int:
+        return self.conn.execute("PRAGMA user_version").fetchone()[0]
+
+    # -- decisions -------------------------------------------------------------------------
+
+    def decide(self, key: str, retry_failed: bool) -> str:
+        """"run", "skip" (already attempted, or succeeded under retry_failed) or "running"."""
+        statuses = {row[0] for row in self.conn.execute(
+            "SELECT status FROM attempts WHERE job_key = ?", (key,))} if self._has_table() else set()
+        if RUNNING in statuses:
+            return "running"
+        if SUCCEEDED in statuses or (statuses and not retry_failed):
+            return "skip"
+        return "run"
+
+    def _has_table(self) -> bool:
+        return self.conn.execute(
+            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'attempts'").fetchone() is not None
+
+    # -- the attempt state machine ---------------------------------------------------------
+
+    def reap_stale(self) -> int:
+        """Mark running attempts whose orchestrator is gone as interrupted; returns how many."""
+        with self._transaction() as conn:
+            return self._reap(conn, None)
+
+    def _reap(self, conn: sqlite3.Connection, key: str | None) -> int:
+        rows = conn.execute(
+            f"SELECT id, host, pid, {NOW} - heartbeat AS silent FROM attempts WHERE status = ?"
+            + (" AND job_key = ?" if key else ""), (RUNNING, key) if key else (RUNNING,)).fetchall()
+        dead = [r["id"] for r in rows
+                if r["silent"] > STALE_AFTER or (r["host"] == self.host and not _alive(r["pid"]))]
+        for attempt_id in dead:
+            conn.execute(f"UPDATE attempts SET status = ?, finished_at = {NOW}, error = ? WHERE id = ?",
+                         (INTERRUPTED, "orchestrator stopped while the job ran", attempt_id))
+        return len(dead)
+
+    def claim(self, key: str, job: Job, retry_failed: bool) -> int | None:
+        """Atomically open a running attempt for the job, or None when it must not run now."""
+        with self._transaction() as conn:
+            self._reap(conn, key)
+            if self.decide(key, retry_failed) != "run":
+                return None
+            row = {**_spec_columns(job), "job_key": key, "status": RUNNING,
+                   "datetime": datetime.datetime.now().isoformat(timespec="seconds"),
+                   "trail_uuid": str(uuid.uuid4()), "platform": job.platform,
+                   "host": self.host, "pid": self.pid}
+            names = ", ".join(row)
+            marks = ", ".join("?" for _ in row)
+            cur = conn.execute(f"INSERT INTO attempts ({names}, started_at, heartbeat) "
+                               f"VALUES ({marks}, {NOW}, {NOW})", tuple(row.values()))
+            return cur.lastrowid
+
+    def heartbeat(self, attempt_id: int) -> None:
+        with self._transaction() as conn:
+            conn.execute(f"UPDATE attempts SET heartbeat = {NOW} WHERE id = ? AND status = ?",
+                         (attempt_id, RUNNING))
+
+    def finish(self, attempt_id: int, outcome: Outcome) -> bool:
+        """Close a running attempt; False when it was no longer running (reaped meanwhile)."""
+        if outcome.status not in FINAL_STATUSES:
+            raise ValueError(f"not a final status: {outcome.status}")
+        values: dict[str, Any] = {k: _cell(outcome.metrics.get(k)) for k in METRIC_COLUMNS}
+        values.update(status=outcome.status, error=outcome.error or None, job_duration=outcome.duration)
+        with self._transaction() as conn:
+            configs = conn.execute("SELECT all_configs FROM attempts WHERE id = ?", (attempt_id,)).fetchone()
+            if outcome.plan and configs:
+                values["all_configs"] = json.dumps({**json.loads(configs[0]), "plan": outcome.plan})
+            sets = ", ".join(f"{k} = ?" for k in values)
+            cur = conn.execute(f"UPDATE attempts SET {sets}, finished_at = {NOW}, heartbeat = {NOW} "
+                               f"WHERE id = ? AND status = ?", (*values.values(), attempt_id, RUNNING))
+            return cur.rowcount == 1
+
+    # -- reading ---------------------------------------------------------------------------
+
+    def attempts(self, where: str = "", params: tuple = ()) -> list[dict[str, Any]]:
+        sql = "SELECT * FROM attempts" + (f" WHERE {where}" if where else "") + " ORDER BY id"
+        return [dict(r) for r in self.conn.execute(sql, params)]
+
+
+def _alive(pid: int | None) -> bool:
+    return pid is not None and psutil.pid_exists(pid)
+
+
+def _cell(value: Any) -> Any:
+    return json.dumps(value) if isinstance(value, (dict, list, tuple)) else value
+
+
+def _spec_columns(job: Job) -> dict[str, Any]:
+    """The earlier toolkit's columns, filled from the job's specs."""
+    m, c, t, p = job.model, job.cluster, job.training, job.parallel
+    return {
+        "num_zhen_layers": m.num_zhen_layers,
+        "token_mixer": json.dumps(m.to_toml()["tokens"]),
+        "input_features": m.num_features, "emb_dimensions": m.emb_dim,
+        "output_per_ensemble": m.output_per_emb,
+        "num_nodes": c.num_hosts, "gpus_per_node": c.num_devices_per_host, "transport": c.transport,
+        "input_batch_size": job.global_batch, "avg_batch_size_per_gpu": t.avg_batch_size_per_device,
+        "num_iters": t.num_iters, "description": p.description,
+        "num_micro_batches": job.num_micro_batches, "num_auto_layers": p.num_auto_layers,
+        "pp_dp_op": _cell(p.pp_dp_op), "physical_mesh_shapes": _cell(p.physical_mesh_shape),
+        "host_ids": _cell(p.host_ids), "device_ids": _cell(p.device_ids),
+        "remat_layer": int(p.remat_layer),
+        "all_configs": json.dumps(job.to_dict()),
+    }
