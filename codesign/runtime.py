@@ -39,6 +39,7 @@ class Training:
     """A compiled training step and the state it runs on."""
 
     step: Callable  # (params, opt_state, x, y) -> (params, opt_state, loss)
+    value_and_grad: Callable  # (params, x, y) -> (loss, grads), accumulated over micro-batches
     params: Any
     opt_state: Any
     x: jax.Array
@@ -124,7 +125,7 @@ def build_training(job: Job, plan: Plan) -> Training:
     start = time.perf_counter()
     compiled = jax.jit(step, donate_argnums=(0, 1)).lower(params, opt_state, x, y).compile()
     compile_time = time.perf_counter() - start
-    return Training(compiled, params, opt_state, x, y, compile_time, _memory_analysis(compiled))
+    return Training(compiled, grad_fn, params, opt_state, x, y, compile_time, _memory_analysis(compiled))
 
 
 def _memory_analysis(compiled) -> dict[str, int]:

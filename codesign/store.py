@@ -55,8 +55,17 @@ CREATE TABLE attempts (
 CREATE INDEX attempts_by_key ON attempts (job_key, status);
 """
 
+
+
+def _execute_script(conn: sqlite3.Connection, script: str) -> None:
+    """Statement by statement: executescript would commit the migration's transaction."""
+    for statement in script.split(";"):
+        if statement.strip():
+            conn.execute(statement)
+
+
 MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [
-    lambda conn: conn.executescript(_V1),
+    lambda conn: _execute_script(conn, _V1),
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -1,0 +1,33 @@
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+FIXTURES = REPO.parent / "shared" / "fixtures" / "user-configs"
+
+
+def run_cli(*args: str, cwd: Path, timeout: float = 600, env: dict | None = None):
+    return subprocess.run([sys.executable, "-m", "codesign", *args], cwd=cwd, capture_output=True,
+                          text=True, timeout=timeout, env={**os.environ, **(env or {})})
+
+
+def run_on_devices(n: int, script: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    """Run a Python script in a fresh process that sees n virtual CPU devices."""
+    env = {**os.environ, "JAX_PLATFORMS": "cpu",
+           "XLA_FLAGS": f"--xla_force_host_platform_device_count={n}"}
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(script)], capture_output=True,
+                          text=True, timeout=timeout, env=env, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return proc
+
+
+@pytest.fixture
+def fixture_config() -> Path:
+    path = FIXTURES / "config.toml"
+    if not path.exists():
+        pytest.skip("shared fixtures are not beside this checkout")
+    return path

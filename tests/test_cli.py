@@ -1,0 +1,164 @@
+"""The command line as users run it: dry run, a real sweep of the default config, reruns, exports."""
+
+import os
+import subprocess
+import sqlite3
+import stat
+import time
+
+import pandas as pd
+import pytest
+
+from codesign.store import LEGACY_COLUMNS
+from tests.conftest import REPO, run_cli
+
+TINY = """
+[training_spec]
+avg_batch_size_per_device = 4
+num_iters = 3
+
+[[model]]
+num_features = 8
+emb_dim = 4
+output_per_emb = 2
+num_zhen_layers = 1
+tokens = ["LINEAR", "DOT"]
+
+[[cluster_spec]]
+num_hosts = 1
+num_devices_per_host = 2
+transport = "NVLink"
+platform = "cpu"
+
+[[parallel_spec]]
+description = "data parallel"
+num_micro_batches = [1, 3]
+"(pp, dp, op)" = [1, 2, 1]
+"""
+
+
+def rows(db) -> list[dict]:
+    conn = sqlite3.connect(db)
+    conn.row_factory = sqlite3.Row
+    try:
+        return [dict(r) for r in conn.execute("SELECT * FROM attempts ORDER BY id")]
+    finally:
+        conn.close()
+
+
+def test_dry_run_lists_fixture_jobs_and_writes_nothing(tmp_path, fixture_config):
+    proc = run_cli("--dry-run", "-c", str(fixture_config), "-d", "results.db", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert "46 jobs: 0 run, 0 skip, 0 running, 46 unavailable" in lines
+    table = lines[1:lines.index("")]  # header, one row per job, then a blank line
+    assert len(table) == 46 and all(row.endswith(" unavailable") for row in table)
+    assert "unavailable: needs 2 GPU hosts; this machine is one host" in lines
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("text, message", [
+    ("[training_spec\n", "c.toml: file: invalid TOML"),
+    (TINY.replace('"(pp, dp, op)" = [1, 2, 1]', '"(pp, dp, op)" = [1, 2, "x"]'),
+     "c.toml: [[parallel_spec]] #1 field '(pp, dp, op)': expected 3 positive integers"),
+])
+def test_config_errors_exit_2_and_change_nothing(tmp_path, text, message):
+    (tmp_path / "c.toml").write_text(text)
+    proc = run_cli("-c", "c.toml", "-d", "r.db", cwd=tmp_path)
+    assert proc.returncode == 2
+    assert message in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+    assert proc.stdout == "" and not (tmp_path / "r.db").exists()
+
+
+@pytest.fixture(scope="module")
+def default_sweep(tmp_path_factory):
+    """README command 1: the built-in default config, run once for the tests below."""
+    cwd = tmp_path_factory.mktemp("sweep")
+    start = time.monotonic()
+    proc = run_cli(cwd=cwd)
+    return cwd, proc, time.monotonic() - start
+
+
+def test_default_config_fills_the_db_with_succeeded_rows(default_sweep):
+    cwd, proc, seconds = default_sweep
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout == ""
+    attempts = rows(cwd / "results.db")
+    assert len(attempts) == 14
+    assert {r["status"] for r in attempts} == {"succeeded"}, [r["error"] for r in attempts]
+    for r in attempts:
+        assert 0 < r["median"] <= r["p90"] and r["avg"] > 0 and r["throughput"] > 0
+        assert r["max_memory"] > 0 and r["compile_time"] > 0 and r["platform"] == "cpu"
+        assert r["job_duration"] >= r["compile_time"]
+    print(f"default sweep: {seconds:.1f} s")
+
+
+def test_rerun_attempts_nothing(default_sweep):
+    cwd, _, _ = default_sweep
+    start = time.monotonic()
+    proc = run_cli(cwd=cwd)
+    print(f"rerun: {time.monotonic() - start:.1f} s")
+    assert proc.returncode == 0
+    assert "attempted: none; skipped (already recorded or running elsewhere): 14" in proc.stderr
+    assert len(rows(cwd / "results.db")) == 14
+    dry = run_cli("-D", cwd=cwd)
+    assert "14 jobs: 0 run, 14 skip" in dry.stdout
+
+
+def test_exports_open_in_pandas_with_the_original_columns(default_sweep):
+    cwd, _, _ = default_sweep
+    for script, csv in (("export_all.sh", "results_all.csv"), ("export_succeeded.sh", "results_succeeded.csv")):
+        proc = subprocess.run([str(REPO / script)], cwd=cwd, capture_output=True, text=True,
+                                            env={**os.environ, "PATH": "/usr/bin:/bin"})
+        assert proc.returncode == 0, proc.stderr
+        frame = pd.read_csv(cwd / csv)
+        assert list(frame.columns[:3]) == ["id", "job_key", "status"]
+        assert set(LEGACY_COLUMNS) <= set(frame.columns)
+        assert len(frame) == 14 and (frame["status"] == "succeeded").all()
+        assert frame["avg"].gt(0).all()
+
+
+def test_retry_failed_reruns_only_the_failed(tmp_path):
+    (tmp_path / "c.toml").write_text(TINY)
+    assert run_cli("-c", "c.toml", cwd=tmp_path).returncode == 0
+    first = rows(tmp_path / "results.db")
+    assert [r["status"] for r in first] == ["succeeded", "invalid"]
+    assert "global batch 8 is not divisible by num_micro_batches = 3" in first[1]["error"]
+    assert run_cli("-c", "c.toml", cwd=tmp_path).returncode == 0
+    assert len(rows(tmp_path / "results.db")) == 2
+    assert run_cli("-c", "c.toml", "--retry-failed", cwd=tmp_path).returncode == 0
+    again = rows(tmp_path / "results.db")
+    assert [(r["job_key"], r["status"]) for r in again[2:]] == [(first[1]["job_key"], "invalid")]
+
+
+def test_a_job_past_its_timeout_is_killed_and_the_next_runs(tmp_path):
+    (tmp_path / "c.toml").write_text(TINY.replace("[1, 3]", "[1, 2]"))
+    proc = run_cli("-c", "c.toml", "--manual-job-timeout", "0.5", cwd=tmp_path)
+    assert proc.returncode == 0
+    attempts = rows(tmp_path / "results.db")
+    assert [r["status"] for r in attempts] == ["timeout", "timeout"]
+    assert all(0.5 <= r["job_duration"] < 10 for r in attempts)
+
+
+def fake_python(tmp_path, code: int):
+    script = tmp_path / "python"
+    script.write_text(f"#!/bin/sh\necho run >> {tmp_path}/calls\nexit {code}\n")
+    script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    return str(script)
+
+
+@pytest.mark.parametrize("code, calls", [(1, 3), (2, 1), (0, 1)])
+def test_run_sh_restarts_abnormal_exits_only(tmp_path, code, calls):
+    env = {**os.environ, "CODESIGN_PYTHON": fake_python(tmp_path, code), "CODESIGN_MAX_RESTARTS": "2",
+           "CODESIGN_RESTART_DELAY": "0"}
+    proc = subprocess.run([str(REPO / "run.sh"), "-c", "x.toml"], cwd=tmp_path, env=env,
+                                        capture_output=True, text=True, timeout=60)
+    assert proc.returncode == code
+    assert (tmp_path / "calls").read_text().count("run") == calls
+
+
+def test_run_sh_stops_on_a_config_error(tmp_path):
+    proc = subprocess.run([str(REPO / "run.sh"), "-c", "missing.toml"], cwd=tmp_path,
+                                        capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "missing.toml: file: not found" in proc.stderr
+    assert "restart" not in proc.stderr

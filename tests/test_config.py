@@ -1,0 +1,112 @@
+import pytest
+
+from codesign.config import DEFAULT_CONFIG, load_config
+from codesign.errors import ConfigError
+from codesign.specs import AUTO_SEARCH
+from tests.conftest import FIXTURES
+
+BASE = """
+[training_spec]
+avg_batch_size_per_device = 8
+num_iters = 4
+
+[[model]]
+num_features = 8
+emb_dim = 4
+output_per_emb = 2
+num_zhen_layers = 2
+tokens = ["DOT", "LINEAR"]
+
+[[cluster_spec]]
+num_hosts = 1
+num_devices_per_host = 2
+transport = "NVLink"
+
+[[parallel_spec]]
+description = "data parallel"
+num_micro_batches = [1]
+"(pp, dp, op)" = [1, 2, 1]
+"""
+
+
+def write(tmp_path, text):
+    path = tmp_path / "c.toml"
+    path.write_text(text)
+    return path
+
+
+def test_user_fixtures_load_unchanged(fixture_config):
+    config = load_config(fixture_config)
+    assert config.training.avg_batch_size_per_device == 1024 and config.training.num_iters == 20
+    assert [c.num_devices for c in config.clusters] == [1, 8, 16, 64]
+    assert all(c.platform == "gpu" for c in config.clusters)
+    assert sum(p.is_auto for p in config.parallels) == 2
+    placed = [p for p in config.parallels if p.host_ids]
+    assert placed[0].device_ids[1] == ((1, 3), (1, 3))
+    assert config.parallels[2].sharding_options == {"force_batch_dim_to_mesh_dim": 0}
+    uniform = load_config(FIXTURES / "uniform_model.toml")
+    assert len(uniform.models) == 37
+    assert uniform.models[1].tokens == (("DOT",) * 4, ("DOT",) * 6, ("DOT",) * 2)
+    assert uniform.models[0].tokens == (("ATTENTION", "LINEAR", "ATTENTION", "DOT"),) * 4
+
+
+def test_default_config_runs_anywhere():
+    config = load_config(DEFAULT_CONFIG)
+    assert {c.platform for c in config.clusters} == {"auto"}
+    assert sorted(c.num_devices for c in config.clusters) == [1, 2, 4]
+    mixers = {m for model in config.models for layer in model.tokens for m in layer}
+    assert mixers == {"DOT", "LINEAR", "ATTENTION", "CONVOLUTION"}
+    assert not any(p.is_auto for p in config.parallels)
+
+
+def test_platform_and_new_keys(tmp_path):
+    text = BASE.replace('transport = "NVLink"', 'transport = "NVLink"\nplatform = "cpu"')
+    text = text.replace("num_iters = 4", 'num_iters = 4\nprecision = "bf16"\nlearning_rate = 0.01')
+    config = load_config(write(tmp_path, text))
+    assert config.clusters[0].platform == "cpu"
+    assert config.training.precision == "bf16" and config.training.learning_rate == 0.01
+
+
+@pytest.mark.parametrize("old, new, table, field", [
+    ('transport = "NVLink"', 'transport = "Carrier pigeon"', "[[cluster_spec]] #1", "transport"),
+    ('transport = "NVLink"', 'transport = "NVLink"\nplatform = "tpu"', "[[cluster_spec]] #1", "platform"),
+    ('num_hosts = 1', 'num_hosts = 2', "[[cluster_spec]] #1", "transport"),
+    ('tokens = ["DOT", "LINEAR"]', 'tokens = ["DOT", "MLP"]', "[[model]] #1", "tokens"),
+    ('tokens = ["DOT", "LINEAR"]', 'tokens = [["DOT"]]', "[[model]] #1", "tokens"),
+    ('emb_dim = 4', 'emb_dim = 0', "[[model]] #1", "emb_dim"),
+    ('num_iters = 4', 'num_iters = "4"', "[training_spec]", "num_iters"),
+    ('"(pp, dp, op)" = [1, 2, 1]', '"(pp, dp, op)" = [1, 2]', "[[parallel_spec]] #1", "(pp, dp, op)"),
+    ('"(pp, dp, op)" = [1, 2, 1]', '', "[[parallel_spec]] #1", "(pp, dp, op)"),
+    ('num_micro_batches = [1]', 'num_micro_batches = [1]\nphysical_mesh_shape = [1, 4]',
+     "[[parallel_spec]] #1", "physical_mesh_shape"),
+    ('num_micro_batches = [1]', 'num_micro_batches = [1]\nauto_sharding_option = { fast = true }',
+     "[[parallel_spec]] #1", "auto_sharding_option"),
+    ('num_micro_batches = [1]', 'num_micro_batches = [1]\nremat = true', "[[parallel_spec]] #1", "remat"),
+])
+def test_config_errors_name_file_table_and_field(tmp_path, old, new, table, field):
+    assert old in BASE
+    path = write(tmp_path, BASE.replace(old, new))
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    assert (err.value.table, err.value.field) == (table, field)
+    assert str(path) in str(err.value) and table in str(err.value)
+
+
+def test_placement_must_match_stages(tmp_path):
+    text = BASE.replace('"(pp, dp, op)" = [1, 2, 1]', '"(pp, dp, op)" = [2, 1, 1]\n'
+                        'host_ids = [[0], [0]]\ndevice_ids = [[[0]], [[1, 2]]]')
+    with pytest.raises(ConfigError, match="stage 1 holds 2 devices"):
+        load_config(write(tmp_path, text))
+
+
+def test_auto_search_needs_no_mesh(tmp_path):
+    text = BASE.replace('description = "data parallel"', f'description = "{AUTO_SEARCH}"')
+    text = text.replace('"(pp, dp, op)" = [1, 2, 1]\n', "")
+    assert load_config(write(tmp_path, text)).parallels[0].is_auto
+
+
+def test_bad_toml_and_missing_file(tmp_path):
+    with pytest.raises(ConfigError, match="invalid TOML"):
+        load_config(write(tmp_path, "[training_spec\n"))
+    with pytest.raises(ConfigError, match="not found"):
+        load_config(tmp_path / "absent.toml")

@@ -1,0 +1,53 @@
+"""Jobs that hang, crash and segfault really do so; the sweep records them and goes on."""
+
+import os
+import time
+
+import psutil
+
+from codesign.executor import LocalExecutor
+from codesign.jobs import PlannedJob
+from codesign.orchestrator import run_sweep
+from codesign.specs import ClusterSpec, Job, ModelSpec, ParallelSpec, TrainingSpec
+from codesign.store import Store
+from tests.conftest import REPO
+
+
+def fault_job(behaviour: str) -> PlannedJob:
+    model = ModelSpec(4, 2, 1, 1, (("LINEAR",),))
+    parallel = ParallelSpec(behaviour, (1,), 1, False, (1, 1, 1))
+    return PlannedJob(Job(model, ClusterSpec(1, 1, "NVLink", "cpu"), TrainingSpec(2, 2), parallel, 1, "cpu"))
+
+
+def test_hang_crash_and_segfault_are_recorded_and_the_sweep_goes_on(tmp_path, monkeypatch):
+    monkeypatch.setenv("FAULT_PIDS", str(tmp_path / "pids"))
+    monkeypatch.setenv("PYTHONPATH", str(REPO))
+    store = Store(tmp_path / "r.db")
+    jobs = [fault_job(b) for b in ("hang", "ok", "crash", "segfault", "ok2")]
+    start = time.monotonic()
+    summary = run_sweep(jobs, store, LocalExecutor(job_module="tests.fault_jobs"),
+                        retry_failed=False, manual_timeout=3)
+    elapsed = time.monotonic() - start
+    rows = {r["description"]: r for r in store.attempts()}
+    assert [rows[b]["status"] for b in ("hang", "ok", "crash", "segfault", "ok2")] == \
+        ["timeout", "succeeded", "failed", "failed", "succeeded"]
+    assert summary.statuses == {"timeout": 1, "succeeded": 2, "failed": 2}
+    assert "killed after the 3 s timeout" in rows["hang"]["error"]
+    assert 3 <= rows["hang"]["job_duration"] < 20 and elapsed < 60
+    assert "RuntimeError: the job body crashed" in rows["crash"]["error"]
+    assert "about to crash" in rows["crash"]["error"]
+    assert "SIGSEGV" in rows["segfault"]["error"]
+    assert rows["ok"]["avg"] == 0.5
+    job_pid, grandchild_pid = map(int, (tmp_path / "pids").read_text().split())
+    for pid in (job_pid, grandchild_pid):  # the whole process group is gone
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
+def test_heartbeat_runs_while_the_job_runs(tmp_path, monkeypatch):
+    monkeypatch.setattr("codesign.executor.HEARTBEAT_EVERY", 0.2)
+    monkeypatch.setenv("FAULT_PIDS", str(tmp_path / "pids"))
+    monkeypatch.setenv("PYTHONPATH", str(REPO))
+    beats = []
+    outcome = LocalExecutor(job_module="tests.fault_jobs").run(
+        fault_job("hang").job, timeout=1.5, heartbeat=lambda: beats.append(os.getpid()))
+    assert outcome.status == "timeout" and len(beats) >= 3

@@ -1,0 +1,80 @@
+import math
+import random
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import pytest
+
+from codesign import zhen
+from codesign.specs import MIXERS, ModelSpec
+
+SEED = ModelSpec(512, 160, 20, 4, (("ATTENTION", "LINEAR", "ATTENTION", "DOT"),) * 4)
+
+
+def built_param_count(spec: ModelSpec) -> int:
+    shapes = nn.meta.unbox(jax.eval_shape(lambda k: zhen.init_params(spec, k), jax.random.key(0)))
+    return sum(x.size for x in jax.tree.leaves(shapes))
+
+
+def matmul_flops(spec: ModelSpec) -> int:
+    """FLOPs of every dot_general and convolution in the forward jaxpr, per sample."""
+    params = nn.meta.unbox(jax.eval_shape(lambda k: zhen.init_params(spec, k), jax.random.key(0)))
+    x = jax.ShapeDtypeStruct((1, spec.emb_dim, spec.num_features), jnp.float32)
+    jaxpr = jax.make_jaxpr(lambda p, x: zhen.forward(spec, p, x))(params, x)
+    total = 0
+
+    def walk(jx):
+        nonlocal total
+        for eqn in jx.eqns:
+            out = eqn.outvars[0].aval
+            if eqn.primitive.name == "dot_general":
+                (lhs_contract, _), _ = eqn.params["dimension_numbers"]
+                lhs = eqn.invars[0].aval.shape
+                total += 2 * out.size * math.prod(lhs[d] for d in lhs_contract)
+            elif eqn.primitive.name == "conv_general_dilated":
+                rhs = eqn.invars[1].aval
+                out_channels = rhs.shape[eqn.params["dimension_numbers"].rhs_spec[0]]
+                total += 2 * out.size * rhs.size // out_channels
+            for value in eqn.params.values():
+                inner = getattr(value, "jaxpr", value)
+                if hasattr(inner, "eqns"):
+                    walk(inner)
+
+    walk(jaxpr.jaxpr)
+    return total
+
+
+def random_spec(rng: random.Random) -> ModelSpec:
+    layers = rng.randint(1, 4)
+    tokens = tuple(tuple(rng.choice(MIXERS) for _ in range(rng.randint(1, 4))) for _ in range(layers))
+    return ModelSpec(rng.randint(2, 40), rng.randint(2, 24), rng.randint(1, 8), layers, tokens)
+
+
+def test_seed_model_has_independent_mixer_parameters():
+    assert zhen.param_count(SEED) == 156_790_400
+    assert built_param_count(SEED) == 156_790_400
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_analytical_counts_equal_the_built_model(seed):
+    spec = random_spec(random.Random(seed))
+    assert zhen.param_count(spec) == built_param_count(spec)
+    assert zhen.forward_flops_per_sample(spec) == matmul_flops(spec)
+
+
+def test_every_mixer_and_heterogeneous_layers_run():
+    spec = ModelSpec(12, 6, 3, 3, (("DOT", "CONVOLUTION"), ("ATTENTION", "DOT"), ("LINEAR", "CONVOLUTION", "LINEAR")))
+    params = nn.meta.unbox(zhen.init_params(spec, jax.random.key(0)))
+    out = zhen.forward(spec, params, jnp.ones((5, 6, 12)))
+    assert out.shape == (5, zhen.output_width(spec)) == (5, 6 * 3 * 3)
+    assert {k.split("_", 2)[2] for k in params["layer_1"] if k.startswith("mixer")} == {"attention", "dot"}
+    assert "skip" in params["layer_1"] and "skip" not in params["layer_2"]  # S: 12 -> F_in 6; then 6 -> 6
+    assert set(params) == {"layer_0", "layer_1", "layer_2"}
+
+
+def test_repeated_mixers_have_their_own_weights():
+    spec = ModelSpec(8, 4, 2, 1, (("LINEAR", "LINEAR"),))
+    params = nn.meta.unbox(zhen.init_params(spec, jax.random.key(0)))["layer_0"]
+    a, b = params["mixer_0_linear"]["fc"]["kernel"], params["mixer_1_linear"]["fc"]["kernel"]
+    assert not jnp.allclose(a, b)
