@@ -16,7 +16,8 @@ FINAL_STATUSES = (SUCCEEDED, FAILED, TIMEOUT, OOM, INVALID, INTERRUPTED)
 
 # Measurements a job body reports; each is a column of the attempts table.
 METRIC_COLUMNS = ("avg", "median", "p90", "max_memory", "throughput", "compile_time",
-                  "predicted_time", "predicted_memory", "device_kind", "versions")
+                  "predicted_time", "predicted_memory", "device_kind", "versions",
+                  "energy_per_iter")
 
 
 @dataclass

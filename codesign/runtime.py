@@ -25,6 +25,7 @@ import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from codesign import zhen
+from codesign.energy import open_energy_meter
 from codesign.errors import PlanError
 from codesign.plan import MESH_AXES, Plan, StagePlan, make_plan
 from codesign.results import FAILED, INVALID, OOM, SUCCEEDED, Outcome
@@ -161,6 +162,17 @@ def train_steps(training: Training, steps: int) -> tuple[list[float], list[float
     return losses, times
 
 
+def measure_steps(training: Training, job: Job, devices) -> tuple[list[float], float | None]:
+    """Warm-up steps, then the measured ones: their wall times and GPU joules per step."""
+    warmup = job.training.warmup_iters
+    train_steps(training, warmup)
+    meter = open_energy_meter(devices)
+    start = meter() if meter else None
+    _, times = train_steps(training, job.training.num_iters - warmup)
+    energy = (meter() - start) / len(times) if meter else None
+    return times, energy
+
+
 def peak_memory(training: Training, devices) -> int | None:
     """Allocator peak where the runtime has one (GPU), else the compiled program's analysis."""
     peaks = [(d.memory_stats() or {}).get("peak_bytes_in_use") for d in devices]
@@ -179,13 +191,13 @@ def run_job(job: Job) -> Outcome:
         too_big = check_fits(training)
         if too_big:
             return Outcome(OOM, error=too_big, plan=plan.describe())
-        _, times = train_steps(training, job.training.num_iters)
+        devices = [jax.devices()[i] for s in plan.stages for i in s.device_ids]
+        times, energy = measure_steps(training, job, devices)
     except Exception as err:  # a job's failure is data, not a crash
         status = OOM if _is_oom(err) else FAILED
         return Outcome(status, error=traceback.format_exc(), plan=plan.describe())
-    measured = np.array(times[job.training.warmup_iters:])
-    devices = [jax.devices()[i] for s in plan.stages for i in s.device_ids]
-    metrics = {"avg": float(measured.mean()), "median": float(np.median(measured)),
+    measured = np.array(times)
+    metrics = {"energy_per_iter": energy, "avg": float(measured.mean()), "median": float(np.median(measured)),
                "p90": float(np.percentile(measured, 90)),
                "max_memory": peak_memory(training, devices),
                "throughput": job.global_batch / float(measured.mean()),

@@ -64,8 +64,15 @@ def _execute_script(conn: sqlite3.Connection, script: str) -> None:
             conn.execute(statement)
 
 
+_V2 = """
+ALTER TABLE attempts ADD COLUMN precision TEXT;
+ALTER TABLE attempts ADD COLUMN energy_per_iter REAL;
+UPDATE attempts SET precision = 'fp32'
+"""
+
 MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [
     lambda conn: _execute_script(conn, _V1),
+    lambda conn: _execute_script(conn, _V2),  # precision and GPU energy; older rows ran fp32
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -220,6 +227,6 @@ def _spec_columns(job: Job) -> dict[str, Any]:
         "num_micro_batches": job.num_micro_batches, "num_auto_layers": p.num_auto_layers,
         "pp_dp_op": _cell(p.pp_dp_op), "physical_mesh_shapes": _cell(p.physical_mesh_shape),
         "host_ids": _cell(p.host_ids), "device_ids": _cell(p.device_ids),
-        "remat_layer": int(p.remat_layer),
+        "remat_layer": int(p.remat_layer), "precision": t.precision,
         "all_configs": json.dumps(job.to_dict()),
     }

@@ -87,3 +87,20 @@ def test_two_orchestrators_never_claim_the_same_job(tmp_path):
         p.join(timeout=60)
     assert sorted(claimed[0] + claimed[1]) == sorted(keys)
     assert not set(claimed[0]) & set(claimed[1])
+
+
+def test_a_version_1_db_is_migrated_in_place(tmp_path):
+    from codesign import store as store_module
+
+    conn = sqlite3.connect(tmp_path / "r.db", isolation_level=None)
+    store_module.MIGRATIONS[0](conn)
+    conn.execute("PRAGMA user_version = 1")
+    conn.execute("INSERT INTO attempts (job_key, status, avg) VALUES ('old', 'succeeded', 2.5)")
+    conn.close()
+    store = Store(tmp_path / "r.db")
+    assert store.schema_version == SCHEMA_VERSION >= 2
+    old = store.attempts()[0]
+    assert (old["job_key"], old["avg"], old["precision"], old["energy_per_iter"]) == ("old", 2.5, "fp32", None)
+    attempt = store.claim("new", JOB, retry_failed=False)
+    store.finish(attempt, Outcome("succeeded", metrics={"energy_per_iter": 3.25}))
+    assert store.attempts()[1]["energy_per_iter"] == 3.25 and store.attempts()[1]["precision"] == "fp32"
