@@ -162,3 +162,12 @@ def test_run_sh_stops_on_a_config_error(tmp_path):
                                         capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "missing.toml: file: not found" in proc.stderr
     assert "restart" not in proc.stderr
+
+
+def test_precision_is_recorded_on_every_attempt(tmp_path):
+    text = TINY.replace("num_iters = 3", 'num_iters = 3\nprecision = "bf16"').replace("[1, 3]", "[1]")
+    (tmp_path / "c.toml").write_text(text)
+    assert run_cli("-c", "c.toml", cwd=tmp_path).returncode == 0
+    (attempt,) = rows(tmp_path / "results.db")
+    assert (attempt["status"], attempt["precision"]) == ("succeeded", "bf16")
+    assert attempt["energy_per_iter"] is None  # no GPU, no NVML counter: absent, not zero
