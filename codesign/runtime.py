@@ -140,7 +140,7 @@ def _memory_analysis(compiled) -> dict[str, int]:
 
 def check_fits(training: Training) -> str:
     """Why the compiled program cannot fit on the devices, or "" (unknown limits fit)."""
-    stats = jax.devices()[0].memory_stats() or {}
+    stats = jax.local_devices()[0].memory_stats() or {}
     limit, need = stats.get("bytes_limit"), training.memory.get("peak")
     if limit and need and need > limit:
         return (f"the compiled step needs {need / 2**30:.2f} GiB per device, the device has "
@@ -179,19 +179,20 @@ def run_job(job: Job) -> Outcome:
         too_big = check_fits(training)
         if too_big:
             return Outcome(OOM, error=too_big, plan=plan.describe())
-        _, times = train_steps(training, job.training.num_iters)
+        losses, times = train_steps(training, job.training.num_iters)
     except Exception as err:  # a job's failure is data, not a crash
         status = OOM if _is_oom(err) else FAILED
         return Outcome(status, error=traceback.format_exc(), plan=plan.describe())
     measured = np.array(times[job.training.warmup_iters:])
     devices = [jax.devices()[i] for s in plan.stages for i in s.device_ids]
+    local = [d for d in devices if d.process_index == jax.process_index()]  # others' stats are theirs
     metrics = {"avg": float(measured.mean()), "median": float(np.median(measured)),
                "p90": float(np.percentile(measured, 90)),
-               "max_memory": peak_memory(training, devices),
+               "max_memory": peak_memory(training, local),
                "throughput": job.global_batch / float(measured.mean()),
                "compile_time": training.compile_time,
                "predicted_memory": training.memory.get("peak"),
-               "device_kind": devices[0].device_kind, "versions": versions()}
+               "device_kind": devices[0].device_kind, "versions": versions(), "losses": losses}
     return Outcome(SUCCEEDED, metrics=metrics, plan=plan.describe())
 
 
@@ -214,9 +215,22 @@ def configure_jax(cache_dir: str | None) -> None:
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
 
 
+def join_hosts() -> None:
+    """One process of a multi-host job (env set by the Ray executor): join the others before
+    JAX touches a device, so jax.devices() lists every host's devices, host-major."""
+    coordinator = os.environ.get("CODESIGN_COORDINATOR")
+    if not coordinator:
+        return
+    if os.environ.get("JAX_PLATFORMS") == "cpu":
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    jax.distributed.initialize(coordinator, num_processes=int(os.environ["CODESIGN_NUM_PROCESSES"]),
+                               process_id=int(os.environ["CODESIGN_PROCESS_ID"]))
+
+
 def main(argv: list[str]) -> int:
     job_path, outcome_path = argv
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    join_hosts()
     configure_jax(os.environ.get("CODESIGN_CACHE_DIR"))
     with open(job_path) as f:
         job = Job.from_dict(json.load(f))
