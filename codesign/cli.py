@@ -8,7 +8,7 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import Iterator, TextIO
+from typing import TYPE_CHECKING, Iterator, TextIO
 
 from codesign import search
 from codesign.config import DEFAULT_CONFIG, Config, load_config
@@ -16,6 +16,9 @@ from codesign.devices import Hosts, local_gpu_count, ray_hosts
 from codesign.errors import UserError
 from codesign.jobs import PlannedJob, enumerate_jobs
 from codesign.store import Store
+
+if TYPE_CHECKING:
+    from codesign.orchestrator import Executor
 
 EXIT_USAGE = 2
 log = logging.getLogger("codesign")
@@ -106,7 +109,7 @@ def _hosts(config: Config, address: str | None) -> Hosts:
     return Hosts.local(local_gpu_count() if any(c.platform != "cpu" for c in config.clusters) else 0)
 
 
-def _executor(db: str, address: str | None):
+def _executor(db: str, address: str | None) -> Executor:
     cache_dir = str(Path(db).resolve().parent / "jax_cache")
     if address:
         from codesign.ray_executor import RayExecutor
@@ -124,7 +127,8 @@ def _max_concurrent(args: argparse.Namespace, config: Config, address: str | Non
     return config.ray.max_concurrent if address else 1
 
 
-def run(planned: list[PlannedJob], args: argparse.Namespace, executor, max_concurrent: int | None) -> int:
+def run(planned: list[PlannedJob], args: argparse.Namespace, executor: Executor,
+        max_concurrent: int | None) -> int:
     from codesign.orchestrator import run_sweep
 
     store = Store(args.db)

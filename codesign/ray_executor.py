@@ -28,15 +28,29 @@ from codesign.specs import Job
 
 log = logging.getLogger(__name__)
 STOP_GRACE = 10.0  # seconds the actors get to kill their job bodies before they are killed
+PROBE_TIMEOUT = 10.0  # seconds to reach a Ray head before giving up
 
 
 def connect(address: str) -> None:
     """Join the Ray cluster at address, or start one on this machine for the run ("local")."""
     local = address == "local"
+    if not local and address != "auto":
+        _probe(address)
     try:
         ray.init(address=None if local else address, logging_level=logging.WARNING,
                  log_to_driver=False, **({"include_dashboard": False} if local else {}))
     except (ConnectionError, ValueError, RuntimeError) as err:
+        raise UserError(f"cannot connect to the Ray cluster at {address}: {err}") from None
+
+
+def _probe(address: str) -> None:
+    """Fail fast on a wrong HOST:PORT: ray.init retries an unreachable head for minutes."""
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        raise UserError(f"Ray address {address!r}: expected HOST:PORT, 'auto' or 'local'")
+    try:
+        socket.create_connection((host, int(port)), timeout=PROBE_TIMEOUT).close()
+    except OSError as err:
         raise UserError(f"cannot connect to the Ray cluster at {address}: {err}") from None
 
 
@@ -128,9 +142,8 @@ class RayExecutor:
             ray.wait(refs, num_returns=1, timeout=max(0.0, until - now))
         else:
             time.sleep(max(0.0, until - now))
-        idle = all(run.pending for run in running)
-        ended = [(run, outcome) for run in running if (outcome := self._advance(run, idle)) is not None]
-        return ended
+        idle = all(run.pending for run in running)  # nothing of ours holds resources
+        return [(run, outcome) for run in running if (outcome := self._advance(run, idle)) is not None]
 
     def cancel(self, run: RayRun) -> None:
         self._release(run)
@@ -159,6 +172,7 @@ class RayExecutor:
         hosts = run.job.cluster.num_hosts
         table = ray.util.placement_group_table(run.group)
         run.nodes = {int(i): node for i, node in table["bundles_to_node_id"].items()}
+        log.info("job on %d host(s), nodes %s", hosts, [n[:12] for n in run.nodes.values()])
         gpus = run.job.cluster.num_devices_per_host if run.job.platform == "gpu" else 0
         run.actors = [_HostShare.options(
             num_cpus=1, num_gpus=gpus,

@@ -1,7 +1,8 @@
 """The job body: build ZHEN under a plan, compile, train num_iters steps, measure.
 
 Runs in its own process (`python -m codesign.runtime JOB.json OUTCOME.json`), with the
-platform chosen through the environment before JAX starts. Everything it learns goes
+platform chosen through the environment before JAX starts; a multi-host job runs one such
+process per host, joined by jax.distributed (each writes its outcome; host 0's is kept). Everything it learns goes
 into an Outcome; the orchestrator records it.
 """
 

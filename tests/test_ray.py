@@ -3,6 +3,7 @@
 import json
 import os
 import time
+from types import SimpleNamespace
 
 # Ray would otherwise bind its nodes to this machine's outward-facing address; keep it on
 # 127.0.0.1 (read when ray is imported, and inherited by the nodes this module starts).
@@ -21,7 +22,8 @@ from codesign.orchestrator import run_sweep  # noqa: E402
 from codesign.ray_executor import RayExecutor  # noqa: E402
 from codesign.specs import ClusterSpec, Job, ModelSpec, ParallelSpec, TrainingSpec  # noqa: E402
 from codesign.store import Store  # noqa: E402
-from tests.conftest import REPO  # noqa: E402
+from tests.conftest import REPO, run_cli  # noqa: E402
+from tests.test_cli import TINY  # noqa: E402
 from tests.test_executor import fault_job  # noqa: E402
 
 NODE = {"num_cpus": 2, "node_ip_address": "127.0.0.1", "object_store_memory": 80 * 2**20}
@@ -126,3 +128,31 @@ def test_independent_jobs_run_at_once_where_resources_allow(cluster, tmp_path):
     spans = sorted(tuple(map(float, line.split())) for line in pids.read_text().splitlines())
     assert spans[1][0] < spans[0][1]  # the first two overlapped
     assert resources_freed()
+
+
+def test_cli_runs_the_sweep_on_the_cluster_from_the_ray_table(cluster, tmp_path):
+    nodes, _ = cluster
+    config = TINY + f'\n[ray]\naddress = "{nodes.address}"\nmax_concurrent = 2\n'
+    (tmp_path / "c.toml").write_text(config)
+    dry = run_cli("-D", "-c", "c.toml", cwd=tmp_path, timeout=120)
+    assert "2 jobs: 2 run, 0 skip, 0 running, 0 unavailable" in dry.stdout, dry.stderr[-2000:]
+    proc = run_cli("-c", "c.toml", "--max-concurrent", "1", cwd=tmp_path, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "attempted: 1 invalid, 1 succeeded" in proc.stderr
+    assert resources_freed()
+
+
+def test_an_unreachable_ray_address_is_a_usage_error(tmp_path):
+    (tmp_path / "c.toml").write_text(TINY)
+    proc = run_cli("-c", "c.toml", "--ray-address", "127.0.0.1:1", cwd=tmp_path, timeout=120)
+    assert proc.returncode == 2 and "cannot connect to the Ray cluster at 127.0.0.1:1" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and not (tmp_path / "results.db").exists()
+
+
+def test_a_dead_actor_on_a_lost_node_records_interrupted(cluster):
+    alive = ray.nodes()[0]["NodeID"]
+    err = ray.exceptions.RayActorError(error_msg="The actor died unexpectedly")
+    lost = ray_executor._actor_lost(SimpleNamespace(nodes={0: alive, 1: "f" * 56}), 1, err)
+    assert lost.status == "interrupted" and "node ffffffffffff of host 1 was lost" in lost.error
+    died = ray_executor._actor_lost(SimpleNamespace(nodes={0: alive}), 0, err)
+    assert died.status == "failed" and "the actor of host 0 died" in died.error
