@@ -3,18 +3,22 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import sys
 from pathlib import Path
-from typing import TextIO
+from typing import TYPE_CHECKING, Iterator, TextIO
 
 from codesign import search
 from codesign.config import DEFAULT_CONFIG, Config, load_config
-from codesign.devices import local_gpu_count
+from codesign.devices import Hosts, local_gpu_count, ray_hosts
 from codesign.errors import UserError
 from codesign.jobs import PlannedJob, enumerate_jobs
 from codesign.store import Store
+
+if TYPE_CHECKING:
+    from codesign.orchestrator import Executor
 
 EXIT_USAGE = 2
 log = logging.getLogger("codesign")
@@ -35,9 +39,22 @@ def build_parser() -> argparse.ArgumentParser:
                         help="The timeout threshold in seconds for jobs using manual stage.")
     parser.add_argument("--retry-failed", action="store_true",
                         help="Retry jobs whose recorded attempts all failed.")
+    parser.add_argument("--ray-address", metavar="ADDRESS",
+                        help="Run jobs on a Ray cluster: HOST:PORT of its head, 'auto' (the cluster "
+                             "`ray start` made here) or 'local' (start one for this run). "
+                             "Overrides [ray] address of the config.")
+    parser.add_argument("--max-concurrent", metavar="N", type=_positive_int,
+                        help="Jobs running at once. Default: [ray] max_concurrent on Ray (else as many "
+                             "as the cluster's resources allow), 1 without Ray.")
     parser.add_argument("-v", "--verbose", action="store_true", help="Log each job's progress.")
     search.add_arguments(parser)
     return parser
+
+
+def _positive_int(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return int(text)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -56,30 +73,68 @@ def _main(argv: list[str] | None) -> int:
         if args.search_model:
             return search.run(args, sys.stdout)
         config = load_config(args.config)
-        planned = list(enumerate_jobs(config, _gpu_count(config)))
-        if args.dry_run:
-            print_dry_run(planned, args.db, args.retry_failed, sys.stdout)
-            return 0
-        return run(planned, args)
+        address = args.ray_address or config.ray.address
+        with _ray_session(address):
+            planned = list(enumerate_jobs(config, _hosts(config, address)))
+            if args.dry_run:
+                print_dry_run(planned, args.db, args.retry_failed, sys.stdout)
+                return 0
+            return run(planned, args, _executor(args.db, address), _max_concurrent(args, config, address))
     except UserError as err:
         print(f"codesign: error: {err}", file=sys.stderr)
         return EXIT_USAGE
 
 
-def _gpu_count(config: Config) -> int:
-    """Probe for GPUs only when some cluster could use them."""
-    return local_gpu_count() if any(c.platform != "cpu" for c in config.clusters) else 0
+@contextlib.contextmanager
+def _ray_session(address: str | None) -> Iterator[None]:
+    """Connected to the Ray cluster for the whole command when there is an address."""
+    if not address:
+        yield
+        return
+    try:
+        from codesign import ray_executor
+    except ImportError as err:
+        raise UserError(f"running on Ray needs it installed (pip install 'codesign[ray]'): {err}") from None
+    ray_executor.connect(address)
+    try:
+        yield
+    finally:
+        ray_executor.disconnect()
 
 
-def run(planned: list[PlannedJob], args: argparse.Namespace) -> int:
+def _hosts(config: Config, address: str | None) -> Hosts:
+    """The Ray cluster's nodes, or this machine (probed for GPUs only when a cluster could use them)."""
+    if address:
+        return ray_hosts(address)
+    return Hosts.local(local_gpu_count() if any(c.platform != "cpu" for c in config.clusters) else 0)
+
+
+def _executor(db: str, address: str | None) -> Executor:
+    cache_dir = str(Path(db).resolve().parent / "jax_cache")
+    if address:
+        from codesign.ray_executor import RayExecutor
+
+        return RayExecutor(cache_dir)
     from codesign.executor import LocalExecutor
+
+    return LocalExecutor(cache_dir)
+
+
+def _max_concurrent(args: argparse.Namespace, config: Config, address: str | None) -> int | None:
+    """The flag, else on Ray the config's cap or none (its resources decide); one at a time locally."""
+    if args.max_concurrent:
+        return args.max_concurrent
+    return config.ray.max_concurrent if address else 1
+
+
+def run(planned: list[PlannedJob], args: argparse.Namespace, executor: Executor,
+        max_concurrent: int | None) -> int:
     from codesign.orchestrator import run_sweep
 
     store = Store(args.db)
-    cache_dir = str(Path(args.db).resolve().parent / "jax_cache")
     try:
-        summary = run_sweep(planned, store, LocalExecutor(cache_dir), args.retry_failed,
-                            args.manual_job_timeout)
+        summary = run_sweep(planned, store, executor, args.retry_failed, args.manual_job_timeout,
+                            max_concurrent)
     finally:
         store.close()
     for line in summary.lines():

@@ -21,12 +21,21 @@ PP_DP_OP = "(pp, dp, op)"
 
 
 @dataclass(frozen=True)
+class RaySettings:
+    """The optional [ray] table: where jobs run when no --ray-address is given."""
+
+    address: str | None = None
+    max_concurrent: int | None = None
+
+
+@dataclass(frozen=True)
 class Config:
     path: str
     training: TrainingSpec
     models: tuple[ModelSpec, ...]
     clusters: tuple[ClusterSpec, ...]
     parallels: tuple[ParallelSpec, ...]
+    ray: RaySettings = RaySettings()
 
 
 class _Table:
@@ -93,7 +102,7 @@ def load_config(path: str | Path) -> Config:
         raise ConfigError(path, "file", None, "not found") from None
     except tomllib.TOMLDecodeError as err:
         raise ConfigError(path, "file", None, f"invalid TOML: {err}") from None
-    top = _Table(path, "top level", raw, {"training_spec", "model", "cluster_spec", "parallel_spec"})
+    top = _Table(path, "top level", raw, {"training_spec", "model", "cluster_spec", "parallel_spec", "ray"})
     for name in ("training_spec", "model", "cluster_spec", "parallel_spec"):
         if name not in raw:
             top.fail(name, "table is missing")
@@ -106,6 +115,7 @@ def load_config(path: str | Path) -> Config:
                        for i, c in enumerate(_array(top, "cluster_spec"))),
         parallels=tuple(parse_parallel(_Table(path, f"[[parallel_spec]] #{i + 1}", p, _PARALLEL_KEYS))
                         for i, p in enumerate(_array(top, "parallel_spec"))),
+        ray=parse_ray(top),
     )
 
 
@@ -122,6 +132,19 @@ _CLUSTER_KEYS = {"num_hosts", "num_devices_per_host", "transport", "platform"}
 _PARALLEL_KEYS = {"description", "num_micro_batches", "num_auto_layers", "remat_layer", PP_DP_OP,
                   "physical_mesh_shape", "auto_sharding_option", "host_ids", "device_ids",
                   "pipeline_schedule"}
+
+
+def parse_ray(top: _Table) -> RaySettings:
+    if "ray" not in top.data:
+        return RaySettings()
+    if not isinstance(top.data["ray"], dict):
+        top.fail("ray", "expected a [ray] table")
+    t = _Table(top.path, "[ray]", top.data["ray"], {"address", "max_concurrent"})
+    address = t.data.get("address")
+    if address is not None and (not isinstance(address, str) or not address.strip()):
+        t.fail("address", f"expected \"local\", \"auto\" or HOST:PORT, got {address!r}")
+    max_concurrent = t.int("max_concurrent") if t.has("max_concurrent") else None
+    return RaySettings(address, max_concurrent)
 
 
 def parse_training(t: _Table) -> TrainingSpec:

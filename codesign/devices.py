@@ -1,4 +1,7 @@
-"""What this machine can provide: real GPUs, or any number of virtual CPU devices."""
+"""What the hosts can provide: real GPUs, or any number of virtual CPU devices.
+
+The hosts are this machine, or the alive nodes of a Ray cluster when jobs run there.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +10,7 @@ import os
 import shutil
 import subprocess
 import sys
+from dataclasses import dataclass
 
 from codesign.specs import ClusterSpec
 
@@ -25,15 +29,41 @@ def local_gpu_count() -> int:
         return 0
 
 
-def resolve_platform(cluster: ClusterSpec, gpu_count: int) -> tuple[str | None, str]:
-    """("gpu" | "cpu", "") when this machine can run the cluster locally, else (None, why not)."""
-    if cluster.platform == "cpu":
-        return "cpu", ""
-    fits = cluster.num_hosts == 1 and cluster.num_devices_per_host <= gpu_count
-    if fits:
+@dataclass(frozen=True)
+class Hosts:
+    """What jobs can run on: the GPUs of each host, and how to name it in a reason."""
+
+    gpus: tuple[int, ...]  # one entry per host
+    where: str = "this machine"
+    one_process_per_host: bool = False  # Ray: a multi-host job needs that many hosts
+
+    @classmethod
+    def local(cls, gpu_count: int) -> Hosts:
+        return cls((gpu_count,))
+
+    def gpu_hosts(self, per_host: int) -> int:
+        return sum(g >= per_host for g in self.gpus)
+
+
+def ray_hosts(address: str) -> Hosts:
+    """The alive nodes of the connected Ray cluster that can hold a job's share (a CPU)."""
+    import ray
+
+    nodes = [n["Resources"] for n in ray.nodes() if n["Alive"] and n["Resources"].get("CPU", 0) >= 1]
+    return Hosts(tuple(int(r.get("GPU", 0)) for r in nodes), f"the Ray cluster at {address}", True)
+
+
+def resolve_platform(cluster: ClusterSpec, hosts: Hosts) -> tuple[str | None, str]:
+    """("gpu" | "cpu", "") when the hosts can run the cluster, else (None, why not)."""
+    if cluster.platform != "cpu" and hosts.gpu_hosts(cluster.num_devices_per_host) >= cluster.num_hosts:
         return "gpu", ""
-    if cluster.platform == "auto":
+    if cluster.platform != "gpu":
+        if hosts.one_process_per_host and len(hosts.gpus) < cluster.num_hosts:
+            return None, f"needs {cluster.num_hosts} hosts; {hosts.where} has {len(hosts.gpus)}"
         return "cpu", ""
+    if hosts.one_process_per_host:
+        return None, (f"needs {cluster.num_hosts} host(s) with {cluster.num_devices_per_host} GPUs; "
+                      f"{hosts.where} has {hosts.gpu_hosts(cluster.num_devices_per_host)}")
     if cluster.num_hosts > 1:
-        return None, f"needs {cluster.num_hosts} GPU hosts; this machine is one host"
-    return None, f"needs {cluster.num_devices_per_host} GPUs; this machine has {gpu_count}"
+        return None, f"needs {cluster.num_hosts} GPU hosts; {hosts.where} is one host"
+    return None, f"needs {cluster.num_devices_per_host} GPUs; {hosts.where} has {hosts.gpus[0]}"

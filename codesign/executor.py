@@ -1,13 +1,14 @@
-"""Run one job body in its own process group, with a hard timeout.
+"""Run job bodies in their own process groups, with hard timeouts.
 
 The child gets its platform through the environment before JAX starts, writes its
 Outcome as JSON, and is killed with its whole process group when it overstays. A
 crash, a hang or a segfault becomes an Outcome; nothing a job does reaches the
-orchestrator.
+orchestrator. `JobProcess` is the piece the Ray executor reuses on every host.
 """
 
 from __future__ import annotations
 
+import ctypes
 import json
 import logging
 import os
@@ -17,30 +18,108 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Mapping, Sequence
 
 from codesign.results import FAILED, INTERRUPTED, TIMEOUT, Outcome
 from codesign.specs import Job
 
 log = logging.getLogger(__name__)
 HEARTBEAT_EVERY = 5.0
+POLL_EVERY = 0.05  # seconds between looks at running children
 OUTPUT_TAIL = 4000  # characters of the child's output kept with a crash
+_PR_SET_PDEATHSIG = 1
 
 
-def job_env(job: Job, cache_dir: str | None) -> dict[str, str]:
-    """The child's environment: which devices JAX sees, decided before it imports."""
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
+def job_env(job: Job, cache_dir: str | None, local_devices: int | None = None,
+            extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The child's environment: which devices JAX sees, decided before it imports.
+
+    local_devices is this process's share of a multi-host job (all devices when None).
+    """
+    env = dict(os.environ, PYTHONUNBUFFERED="1", **(extra or {}))
     flags = [f for f in env.get("XLA_FLAGS", "").split()
              if not f.startswith("--xla_force_host_platform_device_count")]
     if job.platform == "cpu":
         env["JAX_PLATFORMS"] = "cpu"
-        flags.append(f"--xla_force_host_platform_device_count={job.cluster.num_devices}")
+        flags.append(f"--xla_force_host_platform_device_count={local_devices or job.cluster.num_devices}")
     else:
         env["JAX_PLATFORMS"] = "cuda"
     env["XLA_FLAGS"] = " ".join(flags)
     if cache_dir:
         env["CODESIGN_CACHE_DIR"] = cache_dir
     return env
+
+
+def _die_with_parent() -> None:
+    """Runs in the child before exec: a SIGKILLed parent (a killed Ray actor) takes the job along."""
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+class JobProcess:
+    """One job body, `python -m MODULE JOB.json OUTCOME.json`, leading its own process group."""
+
+    def __init__(self, job: Job, env: dict[str, str], job_module: str, die_with_parent: bool = False):
+        self._tmp = tempfile.TemporaryDirectory(prefix="codesign-job-")
+        tmp = Path(self._tmp.name)
+        self.outcome_file, self.log_file = tmp / "outcome.json", tmp / "log"
+        (tmp / "job.json").write_text(json.dumps(job.to_dict()))
+        with open(self.log_file, "w") as output:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", job_module, str(tmp / "job.json"), str(self.outcome_file)],
+                env=env, stdout=output, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                start_new_session=True, preexec_fn=_die_with_parent if die_with_parent else None)
+        self.started = time.monotonic()
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def kill(self) -> None:
+        """SIGKILL the whole group: leftovers of a job must not hold devices."""
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        self.proc.wait()
+
+    def result(self, code: int) -> Outcome:
+        """The outcome the child wrote, or why there is none; removes the job's files."""
+        self.kill()
+        try:
+            if self.outcome_file.exists():
+                return Outcome(**json.loads(self.outcome_file.read_text()))
+            tail = self.log_file.read_text(errors="replace")[-OUTPUT_TAIL:]
+        finally:
+            self._tmp.cleanup()
+        status = INTERRUPTED if code == -signal.SIGINT else FAILED
+        return Outcome(status, error=f"job process exited with {_exit_text(code)} without a result;"
+                                     f" its last output:\n{tail}")
+
+    def close(self) -> None:
+        """Kill the group and remove the job's files, whatever state the job is in."""
+        self.kill()
+        self._tmp.cleanup()
+
+
+class LocalRun:
+    """A job running on this machine, with its deadline."""
+
+    def __init__(self, job: Job, timeout: float, process: JobProcess):
+        self.job, self.timeout, self.process = job, timeout, process
+        self.deadline = process.started + timeout
+
+    def check(self) -> Outcome | None:
+        """The outcome once the job ended or overstayed (then killed); None while it runs."""
+        code = self.process.proc.poll()
+        if code is not None:
+            outcome = self.process.result(code)
+        elif time.monotonic() >= self.deadline:
+            self.process.close()
+            outcome = Outcome(TIMEOUT, error=f"killed after the {self.timeout:g} s timeout")
+        else:
+            return None
+        outcome.duration = time.monotonic() - self.process.started
+        return outcome
 
 
 class LocalExecutor:
@@ -50,56 +129,38 @@ class LocalExecutor:
         self.cache_dir = cache_dir
         self.job_module = job_module  # `python -m MODULE JOB.json OUTCOME.json` runs the job body
 
-    def run(self, job: Job, timeout: float, heartbeat: Callable[[], None]) -> Outcome:
-        start = time.monotonic()
-        with tempfile.TemporaryDirectory(prefix="codesign-job-") as tmp:
-            job_file, outcome_file, log_file = (Path(tmp) / n for n in ("job.json", "outcome.json", "log"))
-            job_file.write_text(json.dumps(job.to_dict()))
-            with open(log_file, "w") as output:
-                proc = subprocess.Popen(
-                    [sys.executable, "-m", self.job_module, str(job_file), str(outcome_file)],
-                    env=job_env(job, self.cache_dir), stdout=output, stderr=subprocess.STDOUT,
-                    stdin=subprocess.DEVNULL, start_new_session=True)
-                try:
-                    outcome = self._wait(proc, timeout, heartbeat, outcome_file, log_file)
-                except BaseException:
-                    _kill_group(proc)
-                    raise
-        outcome.duration = time.monotonic() - start
-        return outcome
+    def can_start(self, job: Job, running: Sequence[LocalRun]) -> bool:
+        """CPU jobs share the machine; a GPU job holds every GPU, so it runs alone."""
+        return not running or (job.platform == "cpu" and all(r.job.platform == "cpu" for r in running))
 
-    def _wait(self, proc: subprocess.Popen, timeout: float, heartbeat: Callable[[], None],
-              outcome_file: Path, log_file: Path) -> Outcome:
-        deadline = time.monotonic() + timeout
+    def start(self, job: Job, timeout: float) -> LocalRun:
+        return LocalRun(job, timeout, JobProcess(job, job_env(job, self.cache_dir), self.job_module))
+
+    def wait(self, running: Sequence[LocalRun], seconds: float) -> list[tuple[LocalRun, Outcome]]:
+        """Block until some jobs end (or overstay) or seconds pass; returns those that ended."""
+        until = time.monotonic() + seconds
         while True:
-            left = deadline - time.monotonic()
-            try:
-                code = proc.wait(timeout=max(0.0, min(HEARTBEAT_EVERY, left)))
-                break
-            except subprocess.TimeoutExpired:
-                if time.monotonic() >= deadline:
-                    _kill_group(proc)
-                    return Outcome(TIMEOUT, error=f"killed after the {timeout:g} s timeout")
+            ended = [(run, outcome) for run in running if (outcome := run.check()) is not None]
+            if ended or time.monotonic() >= until:
+                return ended
+            time.sleep(POLL_EVERY)
+
+    def cancel(self, run: LocalRun) -> None:
+        run.process.close()
+
+    def run(self, job: Job, timeout: float, heartbeat: Callable[[], None]) -> Outcome:
+        """One job to its end, calling heartbeat while it runs."""
+        run = self.start(job, timeout)
+        try:
+            while not (ended := self.wait([run], HEARTBEAT_EVERY)):
                 heartbeat()
-        _kill_group(proc)  # leftovers of a finished job must not hold devices
-        if outcome_file.exists():
-            data = json.loads(outcome_file.read_text())
-            return Outcome(**data)
-        tail = log_file.read_text(errors="replace")[-OUTPUT_TAIL:]
-        status = INTERRUPTED if code == -signal.SIGINT else FAILED
-        return Outcome(status, error=f"job process exited with {_exit_text(code)} without a result;"
-                                     f" its last output:\n{tail}")
+        except BaseException:
+            self.cancel(run)
+            raise
+        return ended[0][1]
 
 
 def _exit_text(code: int) -> str:
     if code < 0:
         return f"signal {signal.Signals(-code).name}"
     return f"code {code}"
-
-
-def _kill_group(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    proc.wait()

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Iterator
 
 from codesign.config import Config
-from codesign.devices import resolve_platform
+from codesign.devices import Hosts, resolve_platform
 from codesign.specs import ClusterSpec, Job, ParallelSpec
 
 KEY_VERSION = 1
@@ -17,7 +17,7 @@ KEY_VERSION = 1
 @dataclass(frozen=True)
 class PlannedJob:
     job: Job
-    unavailable: str = ""  # why this machine cannot provide the job's cluster; "" when it can
+    unavailable: str = ""  # why the hosts cannot provide the job's cluster; "" when it can
 
     @property
     def key(self) -> str:
@@ -32,10 +32,10 @@ def matches(parallel: ParallelSpec, cluster: ClusterSpec) -> bool:
     return pp * dp * op == cluster.num_devices
 
 
-def enumerate_jobs(config: Config, gpu_count: int) -> Iterator[PlannedJob]:
+def enumerate_jobs(config: Config, hosts: Hosts) -> Iterator[PlannedJob]:
     """cluster x model x matched parallel spec x micro-batch value, in that nesting order."""
     for cluster in config.clusters:
-        platform, why_not = resolve_platform(cluster, gpu_count)
+        platform, why_not = resolve_platform(cluster, hosts)
         for model in config.models:
             for parallel in config.parallels:
                 if not matches(parallel, cluster):

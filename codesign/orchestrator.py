@@ -1,15 +1,18 @@
-"""The sweep loop: for each enumerated job, claim it, run it, record it.
+"""The sweep loop: start what the executor has room for, handle what ended, repeat.
 
-Every outcome, from `invalid` to a crashed process, goes through the same path
-(store.finish); only a user's interrupt stops the loop, after recording it.
+Every outcome, from `invalid` to a crashed process or a lost Ray node, goes through the
+same path (store.finish); only this process writes the DB. A user's interrupt stops the
+loop after the running jobs are killed and recorded.
 """
 
 from __future__ import annotations
 
 import collections
 import logging
+import math
+import time
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol, Sequence
 
 from tqdm import tqdm
 
@@ -21,10 +24,16 @@ from codesign.specs import Job
 from codesign.store import Store
 
 log = logging.getLogger(__name__)
+HEARTBEAT_EVERY = 5.0
 
 
 class Executor(Protocol):
-    def run(self, job: Job, timeout: float, heartbeat) -> Outcome: ...
+    """Runs jobs out of process; a handle stands for one running job."""
+
+    def can_start(self, job: Job, running: Sequence[Any]) -> bool: ...  # True when none run
+    def start(self, job: Job, timeout: float) -> Any: ...
+    def wait(self, running: Sequence[Any], seconds: float) -> list[tuple[Any, Outcome]]: ...
+    def cancel(self, handle: Any) -> None: ...
 
 
 @dataclass
@@ -40,6 +49,15 @@ class SweepSummary:
         return out
 
 
+@dataclass(eq=False)
+class Attempt:
+    """One claimed attempt in flight: the only record of it outside the DB."""
+
+    item: PlannedJob
+    attempt_id: int
+    handle: Any
+
+
 def invalid_outcome(job: Job) -> Outcome | None:
     """Reject a plan that cannot run before paying for a process."""
     try:
@@ -49,36 +67,87 @@ def invalid_outcome(job: Job) -> Outcome | None:
     return None
 
 
-def run_sweep(planned: list[PlannedJob], store: Store, executor: Executor,
-              retry_failed: bool, manual_timeout: float) -> SweepSummary:
-    summary = SweepSummary()
+class Sweep:
+    """The loop's state: jobs not yet started, attempts running, what happened so far."""
+
+    def __init__(self, planned: list[PlannedJob], store: Store, executor: Executor,
+                 retry_failed: bool, manual_timeout: float, max_concurrent: int | None):
+        self.queue = collections.deque(planned)
+        self.running: list[Attempt] = []
+        self.store, self.executor = store, executor
+        self.retry_failed, self.manual_timeout = retry_failed, manual_timeout
+        self.max_concurrent = max_concurrent or math.inf  # None: as many as the executor allows
+        self.summary = SweepSummary()
+        self.progress = tqdm(total=len(planned), desc="jobs", unit="job", dynamic_ncols=True)
+
+    def run(self) -> SweepSummary:
+        beat = time.monotonic()
+        try:
+            while self.queue or self.running:
+                self.start_what_fits()
+                if not self.running:
+                    continue
+                for handle, outcome in self.executor.wait([a.handle for a in self.running], HEARTBEAT_EVERY):
+                    self.record(next(a for a in self.running if a.handle is handle), outcome)
+                if time.monotonic() - beat >= HEARTBEAT_EVERY:
+                    beat = time.monotonic()
+                    for attempt in self.running:
+                        self.store.heartbeat(attempt.attempt_id)
+        except BaseException as err:
+            self.stop(err)
+            raise
+        finally:
+            self.progress.close()
+        return self.summary
+
+    def start_what_fits(self) -> None:
+        """Claim and start jobs in order while the cap and the executor allow."""
+        while self.queue and len(self.running) < self.max_concurrent:
+            item = self.queue[0]
+            if not item.unavailable and not self.executor.can_start(
+                    item.job, [a.handle for a in self.running]):
+                return
+            self.queue.popleft()
+            if item.unavailable:
+                self.summary.unavailable[item.unavailable] += 1
+                self.progress.update()
+                continue
+            attempt_id = self.store.claim(item.key, item.job, self.retry_failed)
+            if attempt_id is None:
+                self.summary.skipped += 1
+                self.progress.update()
+                continue
+            outcome = invalid_outcome(item.job)
+            if outcome is not None:
+                self.record(Attempt(item, attempt_id, None), outcome)
+                continue
+            handle = self.executor.start(item.job, job_timeout(item.job, self.manual_timeout))
+            self.running.append(Attempt(item, attempt_id, handle))
+
+    def record(self, attempt: Attempt, outcome: Outcome) -> None:
+        """The one path every outcome takes into the DB."""
+        if attempt in self.running:
+            self.running.remove(attempt)
+        if not self.store.finish(attempt.attempt_id, outcome):
+            log.warning("attempt %d was closed by another orchestrator; its outcome %s is dropped",
+                        attempt.attempt_id, outcome.status)
+        self.summary.statuses[outcome.status] += 1
+        self.progress.update()
+        log.info("job %s: %s%s", attempt.item.key[:12], outcome.status,
+                 f" ({outcome.error.strip().splitlines()[-1]})" if outcome.error else "")
+
+    def stop(self, err: BaseException) -> None:
+        """Kill what runs and record it as interrupted, so a rerun retries it."""
+        why = "stopped by the user" if isinstance(err, KeyboardInterrupt) else f"the sweep stopped: {err!r}"
+        for attempt in list(self.running):
+            self.executor.cancel(attempt.handle)
+            self.store.finish(attempt.attempt_id, Outcome(INTERRUPTED, error=why))
+            self.running.remove(attempt)
+
+
+def run_sweep(planned: list[PlannedJob], store: Store, executor: Executor, retry_failed: bool,
+              manual_timeout: float, max_concurrent: int | None = 1) -> SweepSummary:
     reaped = store.reap_stale()
     if reaped:
         log.warning("marked %d attempt(s) of stopped runs as interrupted", reaped)
-    for item in tqdm(planned, desc="jobs", unit="job", dynamic_ncols=True):
-        if item.unavailable:
-            summary.unavailable[item.unavailable] += 1
-            continue
-        attempt = store.claim(item.key, item.job, retry_failed)
-        if attempt is None:
-            summary.skipped += 1
-            continue
-        outcome = _run_one(item.job, attempt, store, executor, manual_timeout)
-        summary.statuses[outcome.status] += 1
-        log.info("job %s: %s%s", item.key[:12], outcome.status,
-                 f" ({outcome.error.strip().splitlines()[-1]})" if outcome.error else "")
-    return summary
-
-
-def _run_one(job: Job, attempt: int, store: Store, executor: Executor, manual_timeout: float) -> Outcome:
-    outcome = invalid_outcome(job)
-    try:
-        if outcome is None:
-            outcome = executor.run(job, job_timeout(job, manual_timeout), lambda: store.heartbeat(attempt))
-    except KeyboardInterrupt:
-        store.finish(attempt, Outcome(INTERRUPTED, error="stopped by the user"))
-        raise
-    if not store.finish(attempt, outcome):
-        log.warning("attempt %d was closed by another orchestrator; its outcome %s is dropped",
-                    attempt, outcome.status)
-    return outcome
+    return Sweep(planned, store, executor, retry_failed, manual_timeout, max_concurrent).run()

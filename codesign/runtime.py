@@ -1,7 +1,8 @@
 """The job body: build ZHEN under a plan, compile, train num_iters steps, measure.
 
 Runs in its own process (`python -m codesign.runtime JOB.json OUTCOME.json`), with the
-platform chosen through the environment before JAX starts. Everything it learns goes
+platform chosen through the environment before JAX starts; a multi-host job runs one such
+process per host, joined by jax.distributed (each writes its outcome; host 0's is kept). Everything it learns goes
 into an Outcome; the orchestrator records it.
 """
 
@@ -141,7 +142,7 @@ def _memory_analysis(compiled) -> dict[str, int]:
 
 def check_fits(training: Training) -> str:
     """Why the compiled program cannot fit on the devices, or "" (unknown limits fit)."""
-    stats = jax.devices()[0].memory_stats() or {}
+    stats = jax.local_devices()[0].memory_stats() or {}
     limit, need = stats.get("bytes_limit"), training.memory.get("peak")
     if limit and need and need > limit:
         return (f"the compiled step needs {need / 2**30:.2f} GiB per device, the device has "
@@ -162,15 +163,16 @@ def train_steps(training: Training, steps: int) -> tuple[list[float], list[float
     return losses, times
 
 
-def measure_steps(training: Training, job: Job, devices) -> tuple[list[float], float | None]:
-    """Warm-up steps, then the measured ones: their wall times and GPU joules per step."""
+def measure_steps(training: Training, job: Job, devices) -> tuple[list[float], list[float], float | None]:
+    """Warm-up steps, then the measured ones: every loss, the measured steps' wall times and
+    the GPU joules per measured step on this process's devices."""
     warmup = job.training.warmup_iters
-    train_steps(training, warmup)
+    losses, _ = train_steps(training, warmup)
     meter = open_energy_meter(devices)
     start = meter() if meter else None
-    _, times = train_steps(training, job.training.num_iters - warmup)
+    measured_losses, times = train_steps(training, job.training.num_iters - warmup)
     energy = (meter() - start) / len(times) if meter else None
-    return times, energy
+    return losses + measured_losses, times, energy
 
 
 def peak_memory(training: Training, devices) -> int | None:
@@ -192,18 +194,19 @@ def run_job(job: Job) -> Outcome:
         if too_big:
             return Outcome(OOM, error=too_big, plan=plan.describe())
         devices = [jax.devices()[i] for s in plan.stages for i in s.device_ids]
-        times, energy = measure_steps(training, job, devices)
+        local = [d for d in devices if d.process_index == jax.process_index()]  # others' stats are theirs
+        losses, times, energy = measure_steps(training, job, local)
     except Exception as err:  # a job's failure is data, not a crash
         status = OOM if _is_oom(err) else FAILED
         return Outcome(status, error=traceback.format_exc(), plan=plan.describe())
     measured = np.array(times)
     metrics = {"energy_per_iter": energy, "avg": float(measured.mean()), "median": float(np.median(measured)),
                "p90": float(np.percentile(measured, 90)),
-               "max_memory": peak_memory(training, devices),
+               "max_memory": peak_memory(training, local),
                "throughput": job.global_batch / float(measured.mean()),
                "compile_time": training.compile_time,
                "predicted_memory": training.memory.get("peak"),
-               "device_kind": devices[0].device_kind, "versions": versions()}
+               "device_kind": devices[0].device_kind, "versions": versions(), "losses": losses}
     return Outcome(SUCCEEDED, metrics=metrics, plan=plan.describe())
 
 
@@ -226,9 +229,22 @@ def configure_jax(cache_dir: str | None) -> None:
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
 
 
+def join_hosts() -> None:
+    """One process of a multi-host job (env set by the Ray executor): join the others before
+    JAX touches a device, so jax.devices() lists every host's devices, host-major."""
+    coordinator = os.environ.get("CODESIGN_COORDINATOR")
+    if not coordinator:
+        return
+    if os.environ.get("JAX_PLATFORMS") == "cpu":
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    jax.distributed.initialize(coordinator, num_processes=int(os.environ["CODESIGN_NUM_PROCESSES"]),
+                               process_id=int(os.environ["CODESIGN_PROCESS_ID"]))
+
+
 def main(argv: list[str]) -> int:
     job_path, outcome_path = argv
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    join_hosts()
     configure_jax(os.environ.get("CODESIGN_CACHE_DIR"))
     with open(job_path) as f:
         job = Job.from_dict(json.load(f))

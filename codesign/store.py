@@ -191,8 +191,9 @@ class Store:
         values.update(status=outcome.status, error=outcome.error or None, job_duration=outcome.duration)
         with self._transaction() as conn:
             configs = conn.execute("SELECT all_configs FROM attempts WHERE id = ?", (attempt_id,)).fetchone()
-            if outcome.plan and configs:
-                values["all_configs"] = json.dumps({**json.loads(configs[0]), "plan": outcome.plan})
+            extra = {k: v for k, v in (("plan", outcome.plan), ("losses", outcome.metrics.get("losses"))) if v}
+            if extra and configs:
+                values["all_configs"] = json.dumps({**json.loads(configs[0]), **extra})
             sets = ", ".join(f"{k} = ?" for k in values)
             cur = conn.execute(f"UPDATE attempts SET {sets}, finished_at = {NOW}, heartbeat = {NOW} "
                                f"WHERE id = ? AND status = ?", (*values.values(), attempt_id, RUNNING))

@@ -1,6 +1,6 @@
 import pytest
 
-from codesign.config import DEFAULT_CONFIG, load_config
+from codesign.config import DEFAULT_CONFIG, RaySettings, load_config
 from codesign.errors import ConfigError
 from codesign.specs import AUTO_SEARCH
 from tests.conftest import FIXTURES
@@ -110,3 +110,21 @@ def test_bad_toml_and_missing_file(tmp_path):
         load_config(write(tmp_path, "[training_spec\n"))
     with pytest.raises(ConfigError, match="not found"):
         load_config(tmp_path / "absent.toml")
+
+
+def test_ray_table_is_optional(tmp_path):
+    assert load_config(write(tmp_path, BASE)).ray == RaySettings()
+    config = load_config(write(tmp_path, BASE + '\n[ray]\naddress = "10.0.0.1:6379"\nmax_concurrent = 3\n'))
+    assert config.ray == RaySettings("10.0.0.1:6379", 3)
+
+
+@pytest.mark.parametrize("table, field", [
+    ('[ray]\naddress = 6379', "address"),
+    ('[ray]\naddress = ""', "address"),
+    ('[ray]\nmax_concurrent = 0', "max_concurrent"),
+    ('[ray]\nworkers = 2', "workers"),
+])
+def test_ray_table_errors_name_the_field(tmp_path, table, field):
+    with pytest.raises(ConfigError) as err:
+        load_config(write(tmp_path, BASE + "\n" + table + "\n"))
+    assert (err.value.table, err.value.field) == ("[ray]", field)

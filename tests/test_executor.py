@@ -1,7 +1,9 @@
 """Jobs that hang, crash and segfault really do so; the sweep records them and goes on."""
 
+import dataclasses
 import os
 import time
+from types import SimpleNamespace
 
 import psutil
 
@@ -51,3 +53,25 @@ def test_heartbeat_runs_while_the_job_runs(tmp_path, monkeypatch):
     outcome = LocalExecutor(job_module="tests.fault_jobs").run(
         fault_job("hang").job, timeout=1.5, heartbeat=lambda: beats.append(os.getpid()))
     assert outcome.status == "timeout" and len(beats) >= 3
+
+
+def test_max_concurrent_runs_local_jobs_at_once(tmp_path, monkeypatch):
+    monkeypatch.setenv("FAULT_PIDS", str(tmp_path / "spans"))
+    monkeypatch.setenv("PYTHONPATH", str(REPO))
+    store = Store(tmp_path / "r.db")
+    summary = run_sweep([fault_job(f"sleep{i}") for i in range(2)], store,
+                        LocalExecutor(job_module="tests.fault_jobs"), retry_failed=False,
+                        manual_timeout=60, max_concurrent=2)
+    assert summary.statuses == {"succeeded": 2}
+    (a_start, a_end), (b_start, b_end) = sorted(
+        tuple(map(float, line.split())) for line in (tmp_path / "spans").read_text().splitlines())
+    assert b_start < a_end
+
+
+def test_a_gpu_job_runs_alone_on_this_machine():
+    executor, cpu = LocalExecutor(), fault_job("ok").job
+    gpu = dataclasses.replace(cpu, platform="gpu")
+    running_cpu = [SimpleNamespace(job=cpu)]
+    assert executor.can_start(cpu, running_cpu) and executor.can_start(gpu, [])
+    assert not executor.can_start(gpu, running_cpu)
+    assert not executor.can_start(cpu, [SimpleNamespace(job=gpu)])

@@ -1,10 +1,11 @@
 from codesign.config import load_config
+from codesign.devices import Hosts
 from codesign.jobs import enumerate_jobs, job_key, job_timeout
 from tests.conftest import FIXTURES
 
 
 def test_fixture_config_enumerates_46_jobs_in_nesting_order(fixture_config):
-    planned = list(enumerate_jobs(load_config(fixture_config), gpu_count=0))
+    planned = list(enumerate_jobs(load_config(fixture_config), Hosts.local(0)))
     assert len(planned) == 46
     devices = [p.job.cluster.num_devices for p in planned]
     assert devices == sorted(devices, key=[1, 8, 16, 64].index)  # clusters outermost
@@ -17,7 +18,7 @@ def test_fixture_config_enumerates_46_jobs_in_nesting_order(fixture_config):
 
 
 def test_unavailable_clusters_say_why(fixture_config):
-    planned = list(enumerate_jobs(load_config(fixture_config), gpu_count=8))
+    planned = list(enumerate_jobs(load_config(fixture_config), Hosts.local(8)))
     reasons = {p.job.cluster.num_devices: p.unavailable for p in planned}
     assert reasons[1] == "" and reasons[8] == ""
     assert reasons[16] == "needs 2 GPU hosts; this machine is one host"
@@ -26,15 +27,15 @@ def test_unavailable_clusters_say_why(fixture_config):
 
 def test_manual_plans_match_only_their_device_count():
     config = load_config(FIXTURES / "uniform_model.toml")
-    planned = list(enumerate_jobs(config, gpu_count=0))
+    planned = list(enumerate_jobs(config, Hosts.local(0)))
     assert all(p.job.parallel.pp_dp_op[1] == p.job.cluster.num_devices for p in planned)
     assert len(planned) == 2 * len(config.models)
 
 
 def test_keys_are_stable_and_ignore_the_declared_platform(fixture_config):
     config = load_config(fixture_config)
-    a = next(iter(enumerate_jobs(config, gpu_count=1)))
-    b = next(iter(enumerate_jobs(config, gpu_count=1)))
+    a = next(iter(enumerate_jobs(config, Hosts.local(1))))
+    b = next(iter(enumerate_jobs(config, Hosts.local(1))))
     assert a.key == b.key and len(a.key) == 64
     import dataclasses
     auto = dataclasses.replace(a.job, cluster=dataclasses.replace(a.job.cluster, platform="auto"))
@@ -44,7 +45,7 @@ def test_keys_are_stable_and_ignore_the_declared_platform(fixture_config):
 
 
 def test_timeouts_manual_and_scaled_auto(fixture_config):
-    planned = list(enumerate_jobs(load_config(fixture_config), gpu_count=0))
+    planned = list(enumerate_jobs(load_config(fixture_config), Hosts.local(0)))
     auto = {p.job.cluster.num_devices: job_timeout(p.job, 600) for p in planned if p.job.parallel.is_auto}
     assert auto == {1: 1000, 8: 1500, 16: 2000, 64: 6000}
     manual = {job_timeout(p.job, 42) for p in planned if not p.job.parallel.is_auto}
