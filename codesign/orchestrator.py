@@ -137,7 +137,7 @@ class Sweep:
                  f" ({outcome.error.strip().splitlines()[-1]})" if outcome.error else "")
 
     def stop(self, err: BaseException) -> None:
-        """Kill what runs and record it as interrupted, so a rerun retries it."""
+        """Kill what runs and record it as interrupted (a rerun with --retry-failed retries it)."""
         why = "stopped by the user" if isinstance(err, KeyboardInterrupt) else f"the sweep stopped: {err!r}"
         for attempt in list(self.running):
             self.executor.cancel(attempt.handle)
