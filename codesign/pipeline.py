@@ -24,6 +24,7 @@ from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
@@ -114,7 +115,8 @@ class Pipeline:
         loss = self._accumulate()
         grads = {k: v for stage in self.stages for k, v in stage.grads.items()}
         for stage in self.stages:
-            stage.grads = jax.tree.map(lambda g: jax.device_put(jnp.zeros_like(g), g.sharding), stage.grads)
+            stage.grads = jax.tree.map(lambda g: jax.device_put(np.zeros(g.shape, g.dtype), g.sharding),
+                                       stage.grads)
         return loss, grads
 
     def params(self) -> dict:
@@ -209,8 +211,8 @@ def build_pipeline(job: Job, plan: Plan) -> Pipeline:
                                     programs.batch_sharding(meshes[0], plan, leading=1),
                                     programs.batch_sharding(meshes[last], plan, leading=1))
     activations = [programs.batch_sharding(mesh, plan) for mesh in meshes]
-    xs = [jax.device_put(x[m], activations[0]) for m in range(plan.num_micro_batches)]
-    ys = [jax.device_put(y[m], activations[last]) for m in range(plan.num_micro_batches)]
+    xs = jax.jit(list, out_shardings=activations[0])(x)
+    ys = jax.jit(list, out_shardings=activations[last])(y)
     one = jax.device_put(jnp.ones((), jnp.float32), NamedSharding(meshes[last], P()))
     optimizer = optax.adam(job.training.learning_rate)
     stages, compile_time, arriving = [], 0.0, (xs[0],)
