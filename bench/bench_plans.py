@@ -39,7 +39,8 @@ def variants(job: Job, both_schedules: bool) -> list[Job]:
 def row(job: Job, executor: LocalExecutor, timeout: float) -> str:
     outcome = invalid_outcome(job) or executor.run(job, timeout, lambda: None)
     pp = job.parallel.pp_dp_op[0]
-    head = (f"{job.parallel.summary():<34}{job.num_micro_batches:>4}"
+    zero = " zero2" if job.parallel.sharding_options.get("prefer_reduce_scatter") else ""
+    head = (f"{job.parallel.summary() + zero:<34}{job.num_micro_batches:>4}"
             f"{job.parallel.pipeline_schedule if pp > 1 else '-':>7}{outcome.status:>11}")
     if outcome.status != SUCCEEDED:
         return f"{head}  {outcome.error.strip().splitlines()[-1][:120] if outcome.error else ''}"
