@@ -27,6 +27,12 @@ class StagePlan:
     dp: int
     op: int
 
+    def describe(self) -> dict[str, Any]:
+        grid = np.array(self.device_ids).reshape(self.dp, self.op).tolist()
+        return {"layers": list(self.layers), "layer_range": [self.layers[0], self.layers[-1]],
+                "groups": [list(g) for g in self.groups], "device_ids": list(self.device_ids),
+                "mesh": {"dp": self.dp, "op": self.op}, "device_grid": grid}
+
 
 @dataclass(frozen=True)
 class Plan:
@@ -36,19 +42,23 @@ class Plan:
     remat: bool
     reduce_scatter: bool
     schedule: str
+    placement: str  # how stage devices were chosen: "physical_mesh_shape", "host_ids/device_ids", "contiguous"
 
     @property
     def rules(self) -> tuple[tuple[str, str | None], ...]:
         """Logical axis -> mesh axis: batch on its axis, MLP hidden dims split over op."""
         return (("batch", self.batch_axis), ("mlp", "op"))
 
-    def describe(self) -> dict[str, Any]:
-        return {"stages": [{"layers": list(s.layers), "groups": [list(g) for g in s.groups],
-                            "device_ids": list(s.device_ids), "mesh": {"dp": s.dp, "op": s.op}}
-                           for s in self.stages],
-                "num_micro_batches": self.num_micro_batches, "batch_axis": self.batch_axis,
-                "rules": [list(r) for r in self.rules], "remat": self.remat,
-                "reduce_scatter": self.reduce_scatter, "schedule": self.schedule}
+    def describe(self, shardings: tuple[dict[str, Any], ...] = ()) -> dict[str, Any]:
+        """all_configs["plan"]: concrete devices, layers and (once built) shardings of every stage."""
+        stages = [s.describe() for s in self.stages]
+        for stage, sharding in zip(stages, shardings):
+            stage["shardings"] = sharding
+        return {"stages": stages, "num_micro_batches": self.num_micro_batches,
+                "batch_axis": self.batch_axis, "rules": [list(r) for r in self.rules],
+                "remat": self.remat, "reduce_scatter": self.reduce_scatter,
+                "schedule": self.schedule if len(self.stages) > 1 else None,
+                "placement": self.placement}
 
 
 def make_plan(job: Job) -> Plan:
@@ -57,19 +67,18 @@ def make_plan(job: Job) -> Plan:
     if parallel.is_auto:
         raise PlanError("Auto search is not supported yet")
     pp, dp, op = parallel.pp_dp_op
-    if pp > 1:
-        raise PlanError("pipeline parallelism (pp > 1) is not supported yet")
     groups = layer_groups(job)
+    stage_groups = split_stages(groups, pp)
     options = parallel.sharding_options
     batch_axis = MESH_AXES[options.get("force_batch_dim_to_mesh_dim", 0)]
     _check_batch(job, {"dp": dp, "op": op}[batch_axis], batch_axis)
-    _check_mesh_shape(job)
-    stage = StagePlan(layers=tuple(i for g in groups for i in g), groups=groups,
-                      device_ids=tuple(range(job.cluster.num_devices)), dp=dp, op=op)
-    return Plan(stages=(stage,), num_micro_batches=job.num_micro_batches, batch_axis=batch_axis,
+    placement, devices = stage_devices(job)
+    stages = tuple(StagePlan(layers=tuple(i for g in gs for i in g), groups=gs, device_ids=ids, dp=dp, op=op)
+                   for gs, ids in zip(stage_groups, devices))
+    return Plan(stages=stages, num_micro_batches=job.num_micro_batches, batch_axis=batch_axis,
                 remat=parallel.remat_layer,
                 reduce_scatter=bool(options.get("prefer_reduce_scatter", False)),
-                schedule=parallel.pipeline_schedule)
+                schedule=parallel.pipeline_schedule, placement=placement)
 
 
 def layer_groups(job: Job) -> tuple[tuple[int, ...], ...]:
@@ -78,6 +87,16 @@ def layer_groups(job: Job) -> tuple[tuple[int, ...], ...]:
         raise PlanError(f"num_auto_layers = {groups} layer groups, but the model has only {layers} layers")
     costs = [zhen.layer_flops(job.model, i) for i in range(layers)]
     return balanced_groups(costs, groups)
+
+
+def split_stages(groups: tuple[tuple[int, ...], ...], pp: int) -> list[tuple[tuple[int, ...], ...]]:
+    """Stage i takes array_split(range(groups), pp)[i]: whole groups, the same count per stage."""
+    if pp > len(groups):
+        raise PlanError(f"pp = {pp} pipeline stages but only {len(groups)} layer groups "
+                        f"(num_auto_layers); raise num_auto_layers to a multiple of pp")
+    if len(groups) % pp:
+        raise PlanError(f"num_auto_layers = {len(groups)} is not divisible by pp = {pp}")
+    return [tuple(groups[i] for i in part) for part in np.array_split(np.arange(len(groups)), pp)]
 
 
 def balanced_groups(costs: list[int], k: int) -> tuple[tuple[int, ...], ...]:
@@ -109,9 +128,61 @@ def _check_batch(job: Job, batch_shards: int, batch_axis: str) -> None:
                         f"{batch_shards} devices of mesh axis {batch_axis}")
 
 
-def _check_mesh_shape(job: Job) -> None:
-    shape = job.parallel.physical_mesh_shape
-    cluster = job.cluster
-    if shape and tuple(shape) != (cluster.num_hosts, cluster.num_devices_per_host):
-        raise PlanError(f"physical_mesh_shape {list(shape)} does not tile the cluster "
-                        f"{cluster.num_hosts}x{cluster.num_devices_per_host} with one stage")
+def stage_devices(job: Job) -> tuple[str, list[tuple[int, ...]]]:
+    """Each stage's global device ids in (dp, op) order, and which rule chose them."""
+    parallel, cluster = job.parallel, job.cluster
+    pp, dp, op = parallel.pp_dp_op
+    if parallel.host_ids is not None:
+        placement, devices = "host_ids/device_ids", _listed_devices(job)
+    elif parallel.physical_mesh_shape is not None:
+        placement, devices = "physical_mesh_shape", _tiled_devices(job)
+    else:
+        size = dp * op
+        placement, devices = "contiguous", [tuple(range(i * size, (i + 1) * size)) for i in range(pp)]
+    _check_cover(devices, pp, dp * op, cluster.num_devices)
+    return placement, devices
+
+
+def _tiled_devices(job: Job) -> list[tuple[int, ...]]:
+    """Stage i takes the i-th (hosts x devices) tile of the host-major cluster grid."""
+    (h, d), cluster = job.parallel.physical_mesh_shape, job.cluster
+    hosts, per_host = cluster.num_hosts, cluster.num_devices_per_host
+    _, dp, op = job.parallel.pp_dp_op
+    if h * d != dp * op:
+        raise PlanError(f"physical_mesh_shape [{h}, {d}] holds {h * d} devices, but dp * op = {dp * op}")
+    if hosts % h or per_host % d:
+        raise PlanError(f"physical_mesh_shape [{h}, {d}] does not tile the cluster {hosts}x{per_host}")
+    grid = np.arange(hosts * per_host).reshape(hosts, per_host)
+    return [tuple(int(i) for i in grid[r:r + h, c:c + d].ravel())
+            for r in range(0, hosts, h) for c in range(0, per_host, d)]
+
+
+def _listed_devices(job: Job) -> list[tuple[int, ...]]:
+    """Stage i: for each host in host_ids[i], the devices device_ids[i][host] (global = host-major)."""
+    parallel, cluster = job.parallel, job.cluster
+    stages = []
+    for i, (hosts, devices) in enumerate(zip(parallel.host_ids, parallel.device_ids)):
+        ids = []
+        for host, local in zip(hosts, devices):
+            if host >= cluster.num_hosts or any(d >= cluster.num_devices_per_host for d in local):
+                raise PlanError(f"stage {i}: host {host} devices {list(local)} are outside the cluster "
+                                f"{cluster.num_hosts}x{cluster.num_devices_per_host}")
+            ids += [host * cluster.num_devices_per_host + d for d in local]
+        stages.append(tuple(ids))
+    return stages
+
+
+def _check_cover(devices: list[tuple[int, ...]], pp: int, size: int, total: int) -> None:
+    """Stages get dp * op devices each, no device twice, and together the whole cluster."""
+    if len(devices) != pp:
+        raise PlanError(f"the placement gives {len(devices)} stage submeshes, but pp = {pp}")
+    for i, ids in enumerate(devices):
+        if len(ids) != size:
+            raise PlanError(f"stage {i} gets {len(ids)} devices, but dp * op = {size}")
+    flat = [d for ids in devices for d in ids]
+    twice = sorted({d for d in flat if flat.count(d) > 1})
+    if twice:
+        raise PlanError(f"device(s) {twice} are placed in more than one stage")
+    missing = sorted(set(range(total)) - set(flat))
+    if missing:
+        raise PlanError(f"device(s) {missing} of the cluster belong to no stage")

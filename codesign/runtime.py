@@ -18,87 +18,77 @@ import traceback
 from dataclasses import asdict, dataclass
 from typing import Any, Callable
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding, PartitionSpec as P
 
-from codesign import zhen
+from codesign import pipeline, programs
 from codesign.energy import open_energy_meter
 from codesign.errors import PlanError
-from codesign.plan import MESH_AXES, Plan, StagePlan, make_plan
+from codesign.plan import Plan, make_plan
 from codesign.results import FAILED, INVALID, OOM, SUCCEEDED, Outcome
 from codesign.specs import Job
 
 log = logging.getLogger(__name__)
-DTYPES = {"fp32": jnp.float32, "bf16": jnp.bfloat16}
 
 
 @dataclass
-class Training:
-    """A compiled training step and the state it runs on."""
+class SingleStage:
+    """pp = 1: one fused program (micro-batches accumulated in a scan, one update) on one mesh."""
 
-    step: Callable  # (params, opt_state, x, y) -> (params, opt_state, loss)
-    value_and_grad: Callable  # (params, x, y) -> (loss, grads), accumulated over micro-batches
-    params: Any
-    opt_state: Any
+    compiled: Callable  # (params, opt_state, xs, ys) -> (params, opt_state, loss)
+    value_and_grad: Callable  # jitted (params, xs, ys) -> (loss, grads)
+    state: tuple[Any, Any]  # (params, opt_state)
     x: jax.Array
     y: jax.Array
     compile_time: float
-    memory: dict[str, int]
+    memory: dict[str, Any]
+    shardings: tuple[dict[str, Any], ...]
 
+    def step(self) -> jax.Array:
+        params, opt_state, loss = self.compiled(*self.state, self.x, self.y)
+        self.state = (params, opt_state)
+        return loss
 
-def stage_mesh(stage: StagePlan) -> Mesh:
-    devices = np.array(jax.devices())[list(stage.device_ids)]
-    return Mesh(devices.reshape(stage.dp, stage.op), MESH_AXES)
+    def gradients(self) -> tuple[jax.Array, dict]:
+        return self.value_and_grad(self.state[0], self.x, self.y)
 
-
-def synthetic_batch(job: Job, micro_batches: int, sharding: NamedSharding) -> tuple[jax.Array, jax.Array]:
-    """Fixed random inputs and targets, identical for every plan of the same job."""
-    m, b = job.model, job.global_batch
-    kx, ky = jax.random.split(jax.random.key(job.training.seed + 1))
-
-    def make():
-        x = jax.random.normal(kx, (b, m.emb_dim, m.num_features), jnp.float32)
-        y = jax.random.normal(ky, (b, zhen.output_width(m)), jnp.float32)
-        return (x.reshape(micro_batches, b // micro_batches, *x.shape[1:]),
-                y.reshape(micro_batches, b // micro_batches, -1))
-
-    return jax.jit(make, out_shardings=(sharding, sharding))()
+    def params(self) -> dict:
+        return self.state[0]
 
 
 def loss_fn(job: Job, groups: tuple[tuple[int, ...], ...], remat: bool) -> Callable:
     """Mean squared error of ZHEN applied group by group, each group optionally rematerialised."""
-    dtype = DTYPES[job.training.precision]
-
-    def apply_group(layers, params, carry):
-        return zhen.apply_layers(job.model, params, carry, layers, dtype)
+    apply = programs.apply_groups(job, groups, remat)
 
     def loss(params, x, y):
-        carry = (x.astype(dtype), None)
-        for layers in groups:
-            run = jax.checkpoint(apply_group, static_argnums=0) if remat else apply_group
-            carry = run(layers, params, carry)
-        out = carry[1].astype(jnp.float32)
-        return jnp.mean((out.reshape(out.shape[0], -1) - y) ** 2)
+        _, out = apply(params, (x.astype(programs.DTYPES[job.training.precision]), None))
+        return programs.mse(out, y)
 
     return loss
 
 
-def accumulate(loss: Callable) -> Callable:
-    """Loss and gradients summed over micro-batches (leading axis), one sync per step."""
+def accumulate(loss: Callable, grad_shardings: Any = None) -> Callable:
+    """Loss and gradients averaged over micro-batches (leading axis), one sync per step.
+
+    With grad_shardings (ZeRO-2), each micro-batch's gradients are reduce-scattered into them.
+    """
+
+    def place(grads):
+        return grads if grad_shardings is None else jax.lax.with_sharding_constraint(grads, grad_shardings)
 
     def value_and_grad(params, xs, ys):
         if xs.shape[0] == 1:
-            return jax.value_and_grad(loss)(params, xs[0], ys[0])
+            value, grads = jax.value_and_grad(loss)(params, xs[0], ys[0])
+            return value, place(grads)
 
         def body(acc, batch):
             value, grads = jax.value_and_grad(loss)(params, *batch)
-            return jax.tree.map(jnp.add, acc, (value, grads)), None
+            return jax.tree.map(jnp.add, acc, (value, place(grads))), None
 
-        zeros = (jnp.zeros((), jnp.float32), jax.tree.map(jnp.zeros_like, params))
+        zeros = (jnp.zeros((), jnp.float32), place(jax.tree.map(jnp.zeros_like, params)))
         (value, grads), _ = jax.lax.scan(body, zeros, (xs, ys))
         n = xs.shape[0]
         return value / n, jax.tree.map(lambda g: g / n, grads)
@@ -106,18 +96,27 @@ def accumulate(loss: Callable) -> Callable:
     return value_and_grad
 
 
-def build_training(job: Job, plan: Plan) -> Training:
+def build_training(job: Job, plan: Plan) -> programs.Training:
+    """The plan's training iteration, compiled (and its memory analysed) before it runs."""
+    if len(plan.stages) > 1:
+        return pipeline.build_pipeline(job, plan)
+    return build_single_stage(job, plan)
+
+
+def build_single_stage(job: Job, plan: Plan) -> SingleStage:
     """Shard parameters by the plan's rules, then lower and compile the step before running it."""
     stage = plan.stages[0]
-    mesh = stage_mesh(stage)
-    boxed = jax.eval_shape(lambda k: zhen.init_params(job.model, k), jax.random.key(0))
-    shardings = nn.logical_to_mesh_sharding(nn.get_partition_spec(boxed), mesh, plan.rules)
-    init = jax.jit(lambda k: nn.meta.unbox(zhen.init_params(job.model, k)), out_shardings=shardings)
-    params = init(jax.random.key(job.training.seed))
+    mesh = programs.stage_mesh(stage)
+    shardings = programs.param_shardings(job, plan, stage, mesh)
+    abstract = programs.abstract_params(job, stage)
+    grad_shardings = programs.gradient_shardings(plan, shardings, abstract)
     optimizer = optax.adam(job.training.learning_rate)
-    opt_state = jax.jit(optimizer.init)(params)
-    x, y = synthetic_batch(job, plan.num_micro_batches, NamedSharding(mesh, P(None, plan.batch_axis)))
-    grad_fn = accumulate(loss_fn(job, stage.groups, plan.remat))
+    opt_shardings = programs.optimizer_shardings(optimizer, abstract, grad_shardings, mesh)
+    params, opt_state = programs.init_state(job, stage, optimizer, (shardings, opt_shardings))
+    batch = programs.batch_sharding(mesh, plan, leading=1)
+    x, y = programs.synthetic_batch(job, plan.num_micro_batches, batch, batch)
+    grad_fn = accumulate(loss_fn(job, stage.groups, plan.remat),
+                         grad_shardings if plan.reduce_scatter else None)
 
     def step(params, opt_state, xs, ys):
         loss, grads = grad_fn(params, xs, ys)
@@ -125,22 +124,16 @@ def build_training(job: Job, plan: Plan) -> Training:
         return optax.apply_updates(params, updates), opt_state, loss
 
     start = time.perf_counter()
-    compiled = jax.jit(step, donate_argnums=(0, 1)).lower(params, opt_state, x, y).compile()
+    compiled = jax.jit(step, donate_argnums=(0, 1),
+                       out_shardings=(shardings, opt_shardings, NamedSharding(mesh, P()))
+                       ).lower(params, opt_state, x, y).compile()
     compile_time = time.perf_counter() - start
-    return Training(compiled, grad_fn, params, opt_state, x, y, compile_time, _memory_analysis(compiled))
+    return SingleStage(compiled, jax.jit(grad_fn), (params, opt_state), x, y, compile_time,
+                       programs.compiled_memory(compiled),
+                       (programs.describe_shardings(shardings, grad_shardings),))
 
 
-def _memory_analysis(compiled) -> dict[str, int]:
-    stats = compiled.memory_analysis()
-    if stats is None:
-        return {}
-    peak = (stats.argument_size_in_bytes + stats.output_size_in_bytes
-            + stats.temp_size_in_bytes - stats.alias_size_in_bytes)
-    return {"peak": int(peak), "temp": int(stats.temp_size_in_bytes),
-            "arguments": int(stats.argument_size_in_bytes)}
-
-
-def check_fits(training: Training) -> str:
+def check_fits(training: programs.Training) -> str:
     """Why the compiled program cannot fit on the devices, or "" (unknown limits fit)."""
     stats = jax.local_devices()[0].memory_stats() or {}
     limit, need = stats.get("bytes_limit"), training.memory.get("peak")
@@ -150,20 +143,19 @@ def check_fits(training: Training) -> str:
     return ""
 
 
-def train_steps(training: Training, steps: int) -> tuple[list[float], list[float]]:
+def train_steps(training: programs.Training, steps: int) -> tuple[list[float], list[float]]:
     """Run synchronised steps; returns the losses and the wall time of each step."""
     losses, times = [], []
     for _ in range(steps):
         start = time.perf_counter()
-        training.params, training.opt_state, loss = training.step(
-            training.params, training.opt_state, training.x, training.y)
-        jax.block_until_ready((training.params, loss))
+        loss = training.step()
+        jax.block_until_ready((training.params(), loss))
         times.append(time.perf_counter() - start)
         losses.append(float(loss))
     return losses, times
 
 
-def measure_steps(training: Training, job: Job, devices) -> tuple[list[float], list[float], float | None]:
+def measure_steps(training: programs.Training, job: Job, devices) -> tuple[list[float], list[float], float | None]:
     """Warm-up steps, then the measured ones: every loss, the measured steps' wall times and
     the GPU joules per measured step on this process's devices."""
     warmup = job.training.warmup_iters
@@ -175,7 +167,7 @@ def measure_steps(training: Training, job: Job, devices) -> tuple[list[float], l
     return losses + measured_losses, times, energy
 
 
-def peak_memory(training: Training, devices) -> int | None:
+def peak_memory(training: programs.Training, devices) -> int | None:
     """Allocator peak where the runtime has one (GPU), else the compiled program's analysis."""
     peaks = [(d.memory_stats() or {}).get("peak_bytes_in_use") for d in devices]
     if all(p is not None for p in peaks):
@@ -192,7 +184,7 @@ def run_job(job: Job) -> Outcome:
         training = build_training(job, plan)
         too_big = check_fits(training)
         if too_big:
-            return Outcome(OOM, error=too_big, plan=plan.describe())
+            return Outcome(OOM, error=too_big, plan=describe(plan, training))
         devices = [jax.devices()[i] for s in plan.stages for i in s.device_ids]
         local = [d for d in devices if d.process_index == jax.process_index()]  # others' stats are theirs
         losses, times, energy = measure_steps(training, job, local)
@@ -207,7 +199,12 @@ def run_job(job: Job) -> Outcome:
                "compile_time": training.compile_time,
                "predicted_memory": training.memory.get("peak"),
                "device_kind": devices[0].device_kind, "versions": versions(), "losses": losses}
-    return Outcome(SUCCEEDED, metrics=metrics, plan=plan.describe())
+    return Outcome(SUCCEEDED, metrics=metrics, plan=describe(plan, training))
+
+
+def describe(plan: Plan, training: programs.Training) -> dict[str, Any]:
+    """all_configs["plan"]: the plan, each stage's shardings, and the predicted memory behind max_memory."""
+    return {**plan.describe(training.shardings), "predicted_memory": training.memory}
 
 
 def _is_oom(err: Exception) -> bool:

@@ -175,15 +175,21 @@ def blocks(spec: ModelSpec, dtype=jnp.float32) -> list[ZhenBlock]:
     return [ZhenBlock(spec, i, dtype) for i in range(spec.num_zhen_layers)]
 
 
-def init_params(spec: ModelSpec, key: jax.Array, batch: int = 1) -> dict:
-    """Boxed (logically partitioned) parameters {layer_i: ...}; use under jax.eval_shape for shapes."""
-    params = {}
-    carry: Carry = (jnp.zeros((batch, spec.emb_dim, spec.num_features), jnp.float32), None)
-    for i, block in enumerate(blocks(spec)):
-        variables = block.init(jax.random.fold_in(key, i), carry)
-        params[f"layer_{i}"] = variables["params"]
-        carry = block.apply(variables, carry)
-    return params
+def init_params(spec: ModelSpec, key: jax.Array, batch: int = 1, layers: Sequence[int] | None = None) -> dict:
+    """Boxed (logically partitioned) parameters {layer_i: ...} of all layers, or of `layers` alone
+    (a pipeline stage) with the same values; use under jax.eval_shape for shapes."""
+    layers = range(spec.num_zhen_layers) if layers is None else layers
+    return {f"layer_{i}": ZhenBlock(spec, i).init(jax.random.fold_in(key, i), _input_carry(spec, i, batch))["params"]
+            for i in layers}
+
+
+def _input_carry(spec: ModelSpec, i: int, batch: int) -> Carry:
+    """Zeros shaped like layer i's input carry: (previous layer input, previous layer output)."""
+    f_in, skip = layer_widths(spec, i)
+    if i == 0:
+        return jnp.zeros((batch, spec.emb_dim, f_in), jnp.float32), None
+    return (jnp.zeros((batch, spec.emb_dim, skip), jnp.float32),
+            jnp.zeros((batch, spec.emb_dim, f_in), jnp.float32))
 
 
 def apply_layers(spec: ModelSpec, params: dict, carry: Carry, layers: Sequence[int],

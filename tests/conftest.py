@@ -15,10 +15,10 @@ def run_cli(*args: str, cwd: Path, timeout: float = 600, env: dict | None = None
                           text=True, timeout=timeout, env={**os.environ, **(env or {})})
 
 
-def run_on_devices(n: int, script: str, timeout: float = 600) -> subprocess.CompletedProcess:
+def run_on_devices(n: int, script: str, timeout: float = 600, xla_flags: str = "") -> subprocess.CompletedProcess:
     """Run a Python script in a fresh process that sees n virtual CPU devices."""
     env = {**os.environ, "JAX_PLATFORMS": "cpu",
-           "XLA_FLAGS": f"--xla_force_host_platform_device_count={n}"}
+           "XLA_FLAGS": f"--xla_force_host_platform_device_count={n} {xla_flags}".strip()}
     proc = subprocess.run([sys.executable, "-c", textwrap.dedent(script)], capture_output=True,
                           text=True, timeout=timeout, env=env, cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-4000:]

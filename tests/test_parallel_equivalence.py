@@ -1,4 +1,4 @@
-"""dp, op and dp x op plans (with micro-batches) against the single-device reference."""
+"""dp, op and dp x op plans (with micro-batches, ZeRO-2) against the single-device reference."""
 
 import json
 
@@ -22,10 +22,10 @@ def leaves(tree):
 
 def two_steps(j):
     training = build_training(j, make_plan(j))
-    _, grads = jax.jit(training.value_and_grad)(training.params, training.x, training.y)
-    initial = leaves(training.params)
+    _, grads = training.gradients()
+    initial = leaves(training.params())
     losses, _ = train_steps(training, 2)
-    return losses, leaves(grads), [p - p0 for p, p0 in zip(leaves(training.params), initial)]
+    return losses, leaves(grads), [p - p0 for p, p0 in zip(leaves(training.params()), initial)]
 
 ref_losses, ref_grads, ref_updates = two_steps(job(1, (1, 1, 1), 1))
 # LayerNorm cancels some biases exactly (a per-token constant over D): their true gradient is 0,
@@ -34,6 +34,7 @@ live = [float(np.max(np.abs(g))) > 1e-6 for g in ref_grads]
 cases = {"dp4": job(4, (1, 4, 1), 1), "op4": job(4, (1, 1, 4), 1), "dp2xop2": job(4, (1, 2, 2), 1),
          "dp2xop2 mb2": job(4, (1, 2, 2), 2), "dp4 mb4": job(4, (1, 4, 1), 4),
          "batch on op": job(4, (1, 2, 2), 1, (("force_batch_dim_to_mesh_dim", 1),)),
+         "dp2xop2 mb2 zero2": job(4, (1, 2, 2), 2, (("prefer_reduce_scatter", True),)),
          "single mb2": job(1, (1, 1, 1), 2, per_device=32)}
 result = {}
 for name, j in cases.items():

@@ -1,0 +1,290 @@
+"""pp > 1: an MPMD pipeline, each stage its own compiled programs on its own (dp, op) submesh.
+
+ZHEN layers differ from one another, so stages are not one SPMD loop: every stage compiles,
+before step 0,
+- forward(params, inputs) -> (out, residuals): its layer groups under `jax.vjp` (the last stage's
+  out is its micro-batch's share of the loss). The residuals are the vjp's saved arrays minus those
+  the caller holds anyway (parameters, the stage's inputs), so no micro-batch keeps a weight copy;
+- backward(params, inputs, residuals, cotangent, grads) -> (grads, input cotangent): the vjp
+  applied without recomputation (beyond remat), gradients accumulated into a donated buffer;
+- update(params, opt_state, grads) -> (params, opt_state, zeroed grads): one Adam step per
+  iteration; Adam is elementwise, so per-stage updates equal the single-program one.
+The host dispatches these in the schedule's order (dispatch is asynchronous, so that order is the
+schedule) and moves activations and their cotangents between submeshes with `jax.device_put`.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import math
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from codesign import programs
+from codesign.plan import Plan
+from codesign.specs import Job
+
+log = logging.getLogger(__name__)
+
+FORWARD, BACKWARD = "F", "B"
+Op = tuple[str, int]  # (FORWARD | BACKWARD, micro-batch)
+
+
+def stage_order(schedule: str, pp: int, stage: int, micro: int) -> list[Op]:
+    """One stage's own order: GPipe runs all forwards then all backwards; 1F1B warms up with
+    pp - stage - 1 forwards, then alternates one forward and one backward, then drains."""
+    if schedule == "GPipe":
+        return [(FORWARD, m) for m in range(micro)] + [(BACKWARD, m) for m in range(micro)]
+    warmup = min(pp - stage - 1, micro)
+    order = [(FORWARD, m) for m in range(warmup)]
+    for m in range(micro - warmup):
+        order += [(FORWARD, warmup + m), (BACKWARD, m)]
+    return order + [(BACKWARD, m) for m in range(micro - warmup, micro)]
+
+
+def dispatch_order(schedule: str, pp: int, micro: int) -> list[tuple[int, str, int]]:
+    """All stages' orders interleaved, clock tick by clock tick, into one dependency-respecting order."""
+    queues = [collections.deque(stage_order(schedule, pp, s, micro)) for s in range(pp)]
+    done: set[tuple[int, str, int]] = set()
+    order = []
+    while any(queues):
+        ready = [(s, *q[0]) for s, q in enumerate(queues) if q and _ready(s, *q[0], pp, done)]
+        if not ready:
+            raise RuntimeError(f"{schedule} schedule deadlocks at {[list(q)[:1] for q in queues]}")
+        for s, kind, m in ready:
+            queues[s].popleft()
+            done.add((s, kind, m))
+            order.append((s, kind, m))
+    return order
+
+
+def _ready(s: int, kind: str, m: int, pp: int, done: set) -> bool:
+    if kind == FORWARD:
+        return s == 0 or (s - 1, FORWARD, m) in done
+    return (s, FORWARD, m) in done and (s == pp - 1 or (s + 1, BACKWARD, m) in done)
+
+
+def max_in_flight(schedule: str, pp: int, stage: int, micro: int) -> int:
+    """Most micro-batches whose residuals the stage holds at once (forwarded, not yet backwarded)."""
+    held = peak = 0
+    for kind, _ in stage_order(schedule, pp, stage, micro):
+        held += 1 if kind == FORWARD else -1
+        peak = max(peak, held)
+    return peak
+
+
+@dataclass
+class Stage:
+    forward: Callable
+    backward: Callable
+    update: Callable
+    params: dict
+    opt_state: Any
+    grads: dict
+    inputs: NamedSharding  # where activations and cotangents arriving at this stage live
+    memory: dict[str, Any]
+    shardings: dict[str, Any]
+
+
+@dataclass
+class Pipeline:
+    stages: list[Stage]
+    xs: list[jax.Array]  # stage 0's input, per micro-batch
+    ys: list[jax.Array]  # the last stage's target, per micro-batch
+    one: jax.Array  # the loss cotangent, on the last stage
+    order: list[tuple[int, str, int]]
+    compile_time: float
+    memory: dict[str, Any]
+    shardings: tuple[dict[str, Any], ...]
+
+    def step(self) -> jax.Array:
+        loss = self._accumulate()
+        for stage in self.stages:
+            stage.params, stage.opt_state, stage.grads = stage.update(stage.params, stage.opt_state, stage.grads)
+        return loss
+
+    def gradients(self) -> tuple[jax.Array, dict]:
+        loss = self._accumulate()
+        grads = {k: v for stage in self.stages for k, v in stage.grads.items()}
+        for stage in self.stages:
+            stage.grads = jax.tree.map(lambda g: jax.device_put(np.zeros(g.shape, g.dtype), g.sharding),
+                                       stage.grads)
+        return loss, grads
+
+    def params(self) -> dict:
+        return {k: v for stage in self.stages for k, v in stage.params.items()}
+
+    def _accumulate(self) -> jax.Array:
+        """Every micro-batch forward and backward, in schedule order; gradients land in stage.grads."""
+        last = len(self.stages) - 1
+        inputs: dict[tuple[int, int], tuple] = {(0, m): (x,) for m, x in enumerate(self.xs)}
+        saved: dict[tuple[int, int], list] = {}
+        cotangents: dict[tuple[int, int], Any] = {}
+        losses = []
+        for s, kind, m in self.order:
+            stage = self.stages[s]
+            if kind == FORWARD:
+                out, saved[s, m] = stage.forward(stage.params, inputs[s, m])
+                if s == last:
+                    losses.append(out)
+                else:
+                    carry = jax.device_put(out, self.stages[s + 1].inputs)
+                    inputs[s + 1, m] = (carry, self.ys[m]) if s + 1 == last else (carry,)
+                continue
+            cotangent = self.one if s == last else cotangents.pop((s, m))
+            stage.grads, back = stage.backward(stage.params, inputs.pop((s, m)), saved.pop((s, m)),
+                                               cotangent, stage.grads)
+            if s > 0:
+                cotangents[s - 1, m] = jax.device_put(back, self.stages[s - 1].inputs)
+        return sum(losses[1:], losses[0])
+
+
+class _VjpLayout:
+    """The vjp's pytree structure, recorded while tracing the forward, so the backward can rebuild it
+    from residuals plus the arrays the caller still holds."""
+
+    def __init__(self):
+        self.treedef: Any = None
+        self.sources: list[tuple[bool, int]] = []  # per leaf: (held by the caller?, index)
+
+    def split(self, vjp, held: list) -> list:
+        leaves, self.treedef = jax.tree.flatten(vjp)
+        residuals, self.sources = [], []
+        for leaf in leaves:
+            j = next((j for j, h in enumerate(held) if leaf is h), None)
+            self.sources.append((j is not None, len(residuals) if j is None else j))
+            if j is None:
+                residuals.append(leaf)
+        return residuals
+
+    def join(self, residuals: list, held: list):
+        leaves = [held[i] if is_held else residuals[i] for is_held, i in self.sources]
+        return self.treedef.unflatten(leaves)
+
+
+def stage_programs(job: Job, plan: Plan, index: int, activations: NamedSharding,
+                   grad_shardings: dict) -> tuple[Callable, Callable]:
+    """The stage's (forward, backward) functions, to be jitted; see the module docstring."""
+    stage, last = plan.stages[index], index == len(plan.stages) - 1
+    apply = programs.apply_groups(job, stage.groups, plan.remat)
+    dtype = programs.DTYPES[job.training.precision]
+    layout = _VjpLayout()
+
+    def run(params, diff, const):
+        carry = diff[0] if index > 0 else (const[0].astype(dtype), None)
+        out = apply(params, carry)
+        if last:
+            return programs.mse(out[1], const[-1]) / plan.num_micro_batches
+        return jax.lax.with_sharding_constraint(out, activations)
+
+    def split(inputs):  # (differentiable, constant): stage 0 takes x; the last also takes y
+        return (inputs[:0], inputs) if index == 0 else (inputs[:1], inputs[1:])
+
+    def forward(params, inputs):
+        diff, const = split(inputs)
+        out, vjp = jax.vjp(lambda p, d: run(p, d, const), params, diff)
+        return out, layout.split(vjp, jax.tree.leaves((params, inputs)))
+
+    def backward(params, inputs, residuals, cotangent, grads):
+        vjp = layout.join(residuals, jax.tree.leaves((params, inputs)))
+        dparams, ddiff = vjp(cotangent)
+        grads = jax.lax.with_sharding_constraint(jax.tree.map(jnp.add, grads, dparams), grad_shardings)
+        back = jax.lax.with_sharding_constraint(ddiff[0], activations) if ddiff else None
+        return grads, back
+
+    return forward, backward
+
+
+def build_pipeline(job: Job, plan: Plan) -> Pipeline:
+    """Place, initialise and compile every stage (forward, backward, update) before step 0."""
+    meshes = [programs.stage_mesh(s) for s in plan.stages]
+    last = len(plan.stages) - 1
+    x, y = programs.synthetic_batch(job, plan.num_micro_batches,
+                                    programs.batch_sharding(meshes[0], plan, leading=1),
+                                    programs.batch_sharding(meshes[last], plan, leading=1))
+    activations = [programs.batch_sharding(mesh, plan) for mesh in meshes]
+    xs = jax.jit(list, out_shardings=activations[0])(x)
+    ys = jax.jit(list, out_shardings=activations[last])(y)
+    one = jax.device_put(jnp.ones((), jnp.float32), NamedSharding(meshes[last], P()))
+    optimizer = optax.adam(job.training.learning_rate)
+    stages, compile_time, arriving = [], 0.0, (xs[0],)
+    for index, mesh in enumerate(meshes):
+        inputs = arriving + ((ys[0],) if index == last else ())
+        stage, out, seconds = _build_stage(job, plan, index, mesh, activations[index], inputs,
+                                           one if index == last else None, optimizer)
+        stages.append(stage)
+        compile_time += seconds
+        if index < last:
+            arriving = (_on(out, activations[index + 1]),)
+    data = {0: device_bytes(xs), last: device_bytes(ys)}
+    for index, stage in enumerate(stages):
+        stage.memory = _stage_peak(stage.memory, plan, index, data.get(index, 0))
+    memory = {"peak": max(s.memory["peak"] for s in stages),
+              "temp": max(s.memory["temp"] for s in stages),
+              "stages": [s.memory for s in stages]}
+    log.info("compiled %d stages in %.1f s; predicted peak %.1f MiB per device", len(stages),
+             compile_time, memory["peak"] / 2**20)
+    return Pipeline(stages, xs, ys, one, dispatch_order(plan.schedule, len(stages), plan.num_micro_batches),
+                    compile_time, memory, tuple(s.shardings for s in stages))
+
+
+def _build_stage(job: Job, plan: Plan, index: int, mesh, activations: NamedSharding, inputs: tuple,
+                 one: jax.Array | None, optimizer) -> tuple[Stage, Any, float]:
+    """One stage's state and compiled programs; also the abstract output the next stage receives."""
+    stage = plan.stages[index]
+    shardings = programs.param_shardings(job, plan, stage, mesh)
+    abstract = programs.abstract_params(job, stage)
+    grad_shardings = programs.gradient_shardings(plan, shardings, abstract)
+    opt_shardings = programs.optimizer_shardings(optimizer, abstract, grad_shardings, mesh)
+    params, opt_state, grads = programs.init_state(job, stage, optimizer,
+                                                   (shardings, opt_shardings, grad_shardings))
+    forward, backward = stage_programs(job, plan, index, activations, grad_shardings)
+
+    def update(params, opt_state, grads):
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, jax.tree.map(jnp.zeros_like, grads)
+
+    start = time.perf_counter()
+    fwd = jax.jit(forward).lower(params, inputs).compile()
+    out, residuals = fwd.out_info
+    cotangent = one if one is not None else _on(out, activations)
+    bwd = jax.jit(backward, donate_argnums=(4,)).lower(params, inputs, residuals, cotangent, grads).compile()
+    upd = jax.jit(update, donate_argnums=(0, 1, 2), out_shardings=(shardings, opt_shardings, grad_shardings)
+                  ).lower(params, opt_state, grads).compile()
+    seconds = time.perf_counter() - start
+    memory = {"forward": programs.compiled_memory(fwd), "backward": programs.compiled_memory(bwd),
+              "update": programs.compiled_memory(upd),
+              "inputs": device_bytes(inputs[:1]) if index > 0 else 0, "residuals": device_bytes(residuals)}
+    return (Stage(fwd, bwd, upd, params, opt_state, grads, activations, memory,
+                  programs.describe_shardings(shardings, grad_shardings)), out, seconds)
+
+
+def _on(tree, sharding: NamedSharding):
+    """Abstract arrays of tree's shapes, placed by sharding (what a device_put there produces)."""
+    return jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding), tree)
+
+
+def device_bytes(tree) -> int:
+    """Bytes one device holds of these (abstract or concrete) sharded arrays."""
+    return sum(math.prod(a.sharding.shard_shape(a.shape)) * jnp.dtype(a.dtype).itemsize
+               for a in jax.tree.leaves(tree))
+
+
+def _stage_peak(memory: dict[str, Any], plan: Plan, index: int, data: int) -> dict[str, Any]:
+    """Predicted peak bytes per device of a stage: its state (params, Adam, gradients), the inputs
+    and residuals of the micro-batches it holds at once under the schedule, its batch data, and
+    the largest scratch space of its three programs."""
+    in_flight = max_in_flight(plan.schedule, len(plan.stages), index, plan.num_micro_batches)
+    state = memory["update"].get("arguments", 0)
+    temp = max(memory[k].get("temp", 0) for k in ("forward", "backward", "update"))
+    held = in_flight * (memory["inputs"] + memory["residuals"])
+    return {**memory, "in_flight": in_flight, "state": state, "temp": temp,
+            "peak": state + held + data + temp}

@@ -1,0 +1,167 @@
+"""What every compiled stage program shares: its mesh, its shardings, and what it costs.
+
+A stage is one (dp, op) submesh running a contiguous run of ZHEN layers. pp = 1 runs one
+stage as a single fused step (runtime.py); pp > 1 runs several as an MPMD pipeline
+(pipeline.py). Both place parameters by the plan's logical-axis rules and, with
+`prefer_reduce_scatter`, shard gradients and Adam's moments over dp (ZeRO-2).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from codesign import zhen
+from codesign.plan import MESH_AXES, Plan, StagePlan
+from codesign.specs import Job
+
+DTYPES = {"fp32": jnp.float32, "bf16": jnp.bfloat16}
+
+
+class Training(Protocol):
+    """A compiled training iteration and the state it runs on, whatever the number of stages."""
+
+    compile_time: float
+    memory: dict[str, Any]  # predicted bytes per device: "peak" (max over stages), "temp", ...
+    shardings: tuple[dict[str, Any], ...]  # per stage, for all_configs
+
+    def step(self) -> jax.Array:
+        """One iteration (all micro-batches, one optimizer update); returns the loss, unsynchronised."""
+
+    def gradients(self) -> tuple[jax.Array, dict]:
+        """Loss and gradients at the current parameters, without updating them."""
+
+    def params(self) -> dict:
+        """Current parameters {layer_i: ...}, merged over stages."""
+
+
+def stage_mesh(stage: StagePlan) -> Mesh:
+    devices = np.array(jax.devices())[list(stage.device_ids)]
+    return Mesh(devices.reshape(stage.dp, stage.op), MESH_AXES)
+
+
+def batch_sharding(mesh: Mesh, plan: Plan, leading: int = 0) -> NamedSharding:
+    """Batch dimension (after `leading` unsharded dims) on the plan's batch axis."""
+    return NamedSharding(mesh, P(*([None] * leading), plan.batch_axis))
+
+
+def param_shardings(job: Job, plan: Plan, stage: StagePlan, mesh: Mesh) -> dict:
+    """The stage's parameter shardings from the rules table, derived from abstract shapes."""
+    boxed = jax.eval_shape(lambda k: zhen.init_params(job.model, k, layers=stage.layers), jax.random.key(0))
+    return nn.logical_to_mesh_sharding(nn.get_partition_spec(boxed), mesh, plan.rules)
+
+
+def init_state(job: Job, stage: StagePlan, optimizer: optax.GradientTransformation,
+               shardings: tuple[Any, ...]) -> tuple[Any, ...]:
+    """In one program: the stage's slice of the initial parameters (the same values under every
+    plan), Adam's state and, when three shardings are given, a zeroed gradient accumulator."""
+
+    def init(key):
+        params = nn.meta.unbox(zhen.init_params(job.model, key, layers=stage.layers))
+        state = (params, optimizer.init(params), jax.tree.map(jnp.zeros_like, params))
+        return state[:len(shardings)]
+
+    return jax.jit(init, out_shardings=shardings)(jax.random.key(job.training.seed))
+
+
+def zero_sharding(sharding: NamedSharding, shape: tuple[int, ...]) -> NamedSharding:
+    """ZeRO-2: add "dp" to the first unsharded dimension divisible by dp (unchanged if none)."""
+    dp = sharding.mesh.shape["dp"]
+    spec = list(sharding.spec) + [None] * (len(shape) - len(sharding.spec))
+    if dp == 1 or "dp" in spec:
+        return sharding
+    for i, (axis, size) in enumerate(zip(spec, shape)):
+        if axis is None and size % dp == 0:
+            spec[i] = "dp"
+            return NamedSharding(sharding.mesh, P(*spec))
+    return sharding
+
+
+def gradient_shardings(plan: Plan, shardings: dict, params: dict) -> dict:
+    """Where gradients are reduced to: scattered over dp with prefer_reduce_scatter, else like params."""
+    if not plan.reduce_scatter:
+        return shardings
+    return jax.tree.map(lambda s, p: zero_sharding(s, p.shape), shardings, params)
+
+
+def abstract_params(job: Job, stage: StagePlan) -> dict:
+    return nn.meta.unbox(jax.eval_shape(lambda k: zhen.init_params(job.model, k, layers=stage.layers),
+                                        jax.random.key(0)))
+
+
+def optimizer_shardings(optimizer: optax.GradientTransformation, params: dict, grad_shardings: dict,
+                        mesh: Mesh) -> Any:
+    """Adam's moments sharded like the gradients; scalars (the step count) replicated."""
+    state = jax.eval_shape(optimizer.init, params)
+    replicated = NamedSharding(mesh, P())
+    return optax.tree_utils.tree_map_params(optimizer, lambda _, s: s, state, grad_shardings,
+                                            transform_non_params=lambda _: replicated)
+
+
+def describe_shardings(shardings: dict, grad_shardings: dict) -> dict[str, Any]:
+    """For all_configs: each parameter's partition spec, and where its gradient and Adam moments live."""
+    params = {_path(k): str(v.spec) for k, v in jax.tree_util.tree_leaves_with_path(shardings)}
+    moments = {_path(k): str(v.spec) for k, v in jax.tree_util.tree_leaves_with_path(grad_shardings)}
+    return {"params": params,
+            "gradients_and_moments": {k: v for k, v in moments.items() if v != params[k]},
+            "optimizer_state": "ZeRO-2: scattered over dp" if moments != params else "like params"}
+
+
+def _path(keys) -> str:
+    return "/".join(str(getattr(k, "key", k)) for k in keys)
+
+
+def compiled_memory(compiled) -> dict[str, int]:
+    """Per-device bytes of one compiled program, from XLA's memory analysis (empty if unknown)."""
+    stats = compiled.memory_analysis()
+    if stats is None:
+        return {}
+    return {"arguments": int(stats.argument_size_in_bytes), "outputs": int(stats.output_size_in_bytes),
+            "aliased": int(stats.alias_size_in_bytes), "temp": int(stats.temp_size_in_bytes),
+            "peak": int(stats.argument_size_in_bytes + stats.output_size_in_bytes
+                        + stats.temp_size_in_bytes - stats.alias_size_in_bytes)}
+
+
+def synthetic_batch(job: Job, micro_batches: int, x_sharding: NamedSharding,
+                    y_sharding: NamedSharding) -> tuple[jax.Array, jax.Array]:
+    """Fixed random inputs and targets (micro-batch leading), identical for every plan of the job."""
+    m, b = job.model, job.global_batch
+    kx, ky = jax.random.split(jax.random.key(job.training.seed + 1))
+
+    def inputs():
+        x = jax.random.normal(kx, (b, m.emb_dim, m.num_features), jnp.float32)
+        return x.reshape(micro_batches, b // micro_batches, *x.shape[1:])
+
+    def targets():
+        y = jax.random.normal(ky, (b, zhen.output_width(m)), jnp.float32)
+        return y.reshape(micro_batches, b // micro_batches, -1)
+
+    return jax.jit(inputs, out_shardings=x_sharding)(), jax.jit(targets, out_shardings=y_sharding)()
+
+
+def apply_groups(job: Job, groups: tuple[tuple[int, ...], ...], remat: bool):
+    """(params, carry) -> carry through the layer groups, each group a jax.checkpoint region with remat."""
+    dtype = DTYPES[job.training.precision]
+
+    def apply_group(layers, params, carry):
+        return zhen.apply_layers(job.model, params, carry, layers, dtype)
+
+    run = jax.checkpoint(apply_group, static_argnums=0) if remat else apply_group
+
+    def apply(params, carry):
+        for layers in groups:
+            carry = run(layers, params, carry)
+        return carry
+
+    return apply
+
+
+def mse(out: jax.Array, y: jax.Array) -> jax.Array:
+    out = out.astype(jnp.float32)
+    return jnp.mean((out.reshape(out.shape[0], -1) - y) ** 2)

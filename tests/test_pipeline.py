@@ -1,0 +1,235 @@
+"""Every manual plan of the fixture config, pipelines included, against the single-device reference."""
+
+import dataclasses
+import json
+import re
+
+import pytest
+
+from codesign.config import load_config
+from codesign.errors import PlanError
+from codesign.pipeline import dispatch_order, max_in_flight, stage_order
+from codesign.plan import make_plan
+from codesign.specs import ClusterSpec, Job, ModelSpec, ParallelSpec, TrainingSpec
+from tests.conftest import FIXTURES, run_on_devices
+
+TOKENS = (("ATTENTION", "LINEAR"), ("DOT",), ("CONVOLUTION", "LINEAR"), ("ATTENTION",),
+          ("DOT", "LINEAR"), ("LINEAR",), ("CONVOLUTION",), ("DOT", "ATTENTION"))
+MODEL = ModelSpec(8, 4, 2, 8, TOKENS)
+CLUSTER = ClusterSpec(2, 8, "TCPx4", "cpu")
+# Compile-bound on 2 CPU cores: unoptimised XLA code, and a compilation cache shared by the runs
+# whose programs are identical (the two schedules of one plan).
+FAST_XLA = "--xla_backend_optimization_level=0"
+
+SCRIPT = """
+import dataclasses, json, sys
+import jax, numpy as np
+jax.config.update("jax_compilation_cache_dir", CACHE)
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+from codesign.config import load_config
+from codesign.plan import make_plan
+from codesign.runtime import build_training, train_steps
+from codesign.specs import ClusterSpec, Job, ParallelSpec, TrainingSpec
+from tests.test_pipeline import CLUSTER, MODEL, fixture_jobs
+
+def leaves(tree):
+    return [np.asarray(x) for x in jax.tree.leaves(tree)]
+
+def two_steps(job):
+    training = build_training(job, make_plan(job))
+    _, grads = training.gradients()
+    initial = leaves(training.params())
+    losses, _ = train_steps(training, 2)
+    return losses, leaves(grads), leaves(training.params()), initial
+
+reference = Job(MODEL, ClusterSpec(1, 1, "NVLink", "cpu"), TrainingSpec(16, 2),
+                ParallelSpec("reference", (1,), 1, False, (1, 1, 1)), 1, "cpu")
+ref_losses, ref_grads, ref_params, ref_initial = two_steps(reference)
+ref_updates = [p - p0 for p, p0 in zip(ref_params, ref_initial)]
+# LayerNorm cancels some biases exactly (their true gradient is 0); Adam turns the rounding noise
+# there into +-lr steps, so only their gradients are compared (as in test_parallel_equivalence).
+live = [float(np.max(np.abs(g))) > 1e-6 for g in ref_grads]
+result, params_by_run = {}, {}
+for name, job in fixture_jobs(PIPELINES):
+    losses, grads, params, initial = two_steps(job)
+    updates = [p - p0 for p, p0 in zip(params, initial)]
+    twin = name.replace(" GPipe", " 1F1B")
+    result[name] = {
+        "initial": max(float(np.max(np.abs(a - b))) for a, b in zip(initial, ref_initial)),
+        "loss": float(np.max(np.abs(np.array(losses) - ref_losses))),
+        "grad": max(float(np.max(np.abs(a - b)) / np.max(np.abs(b)))
+                    for a, b, ok in zip(grads, ref_grads, live) if ok),
+        "update": max(float(np.linalg.norm(a - b) / np.linalg.norm(b))
+                      for a, b, ok in zip(updates, ref_updates, live) if ok),
+        "vs_1f1b": max(float(np.max(np.abs(a - b))) for a, b in zip(params, params_by_run[twin]))
+                   if twin != name else 0.0}
+    params_by_run[name] = params
+    print(name, result[name], file=sys.stderr, flush=True)
+print(json.dumps({"ref": ref_losses, "live": sum(live), "leaves": len(live), "cases": result}))
+"""
+
+LOSS_TOL = 1e-5  # absolute, on losses near 1-2
+GRAD_TOL = 1e-4  # largest difference relative to the leaf's largest reference gradient, first step
+UPDATE_TOL = 1e-3  # per leaf: |params moved - reference moved| / |reference moved|, two Adam steps
+
+
+def fixture_jobs(pipelines: bool):
+    """(name, job) for every manual plan and micro-batch value of the fixture config, shrunk to the
+    tiny 8-layer model on 2 x 8 virtual devices (global batch 16); pp > 1 under both schedules.
+    Remat off everywhere, and on for each plan's largest micro-batch count (the compile budget of
+    CI allows no more). The [1, 64, 1] plan shrinks to [1, 16, 1] and so repeats the first plan."""
+    seen = set()
+    for spec in load_config(FIXTURES / "config.toml").parallels:
+        if spec.is_auto or (spec.pp_dp_op[0] > 1) != pipelines:
+            continue
+        spec = shrink(spec, CLUSTER.num_devices)
+        schedules = ("1F1B", "GPipe") if spec.pp_dp_op[0] > 1 else ("1F1B",)
+        for micro in spec.num_micro_batches:
+            for remat in (False, True) if micro == max(spec.num_micro_batches) else (False,):
+                for schedule in schedules:
+                    parallel = dataclasses.replace(spec, remat_layer=remat, pipeline_schedule=schedule)
+                    job = Job(MODEL, CLUSTER, TrainingSpec(1, 2), parallel, micro, "cpu")
+                    if job not in seen:
+                        seen.add(job)
+                        yield (f"{list(spec.pp_dp_op)} {spec.description[:12]!r} mb{micro}"
+                               f"{' remat' if remat else ''}{' ' + schedule if len(schedules) > 1 else ''}"), job
+
+
+def shrink(spec: ParallelSpec, devices: int) -> ParallelSpec:
+    """Fewer data-parallel replicas (and hosts of the stage submesh) until the plan fits `devices`."""
+    pp, dp, op = spec.pp_dp_op
+    factor = pp * dp * op // devices
+    if factor <= 1:
+        return spec
+    hosts, per_host = spec.physical_mesh_shape
+    return dataclasses.replace(spec, pp_dp_op=(pp, dp // factor, op),
+                               physical_mesh_shape=(hosts // factor, per_host))
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("jax_cache"))
+
+
+@pytest.mark.parametrize("pipelines", [False, True], ids=["pp1", "pipelines"])
+def test_fixture_plans_match_single_device_reference(fixture_config, cache, pipelines):
+    script = f"CACHE = {cache!r}\nPIPELINES = {pipelines}\n" + SCRIPT
+    out = json.loads(run_on_devices(16, script, xla_flags=FAST_XLA).stdout.strip().splitlines()[-1])
+    assert out["ref"][1] < out["ref"][0]  # the reference itself trains
+    assert out["live"] >= out["leaves"] - 12
+    assert len(out["cases"]) == (8 if not pipelines else 40)
+    print(json.dumps(out["cases"], indent=0))  # the measured differences, shown with pytest -s
+    for name, diff in out["cases"].items():
+        assert diff["initial"] == 0.0, (name, diff)  # every stage starts from the same weights
+        assert diff["loss"] < LOSS_TOL, (name, diff)
+        assert diff["grad"] < GRAD_TOL, (name, diff)
+        assert diff["update"] < UPDATE_TOL, (name, diff)
+        # The schedule only orders the dispatch; each stage's arithmetic is the same.
+        assert diff["vs_1f1b"] == 0.0, (name, diff)
+
+
+def fixture_job(index: int, micro: int = 1) -> Job:
+    spec = [p for p in load_config(FIXTURES / "config.toml").parallels if not p.is_auto][index]
+    return Job(MODEL, CLUSTER, TrainingSpec(1, 2), shrink(spec, 16), micro, "cpu")
+
+
+def test_stage_devices_follow_the_mesh_shape_or_the_listed_ids(fixture_config):
+    grid = make_plan(fixture_job(4))  # [1, 4, 4] on [2, 8]: dp spans hosts, op inside a host
+    assert [s.device_ids for s in grid.stages] == [tuple(range(16))]
+    pipeline = make_plan(fixture_job(5))  # [4, 4, 1] on [1, 4]: host-major tiles
+    assert [s.device_ids for s in pipeline.stages] == [(0, 1, 2, 3), (4, 5, 6, 7), (8, 9, 10, 11),
+                                                       (12, 13, 14, 15)]
+    listed = make_plan(fixture_job(6))  # host_ids / device_ids: interleaved stages
+    assert [s.device_ids for s in listed.stages] == [(0, 2, 8, 10), (1, 3, 9, 11), (4, 6, 12, 14),
+                                                     (5, 7, 13, 15)]
+    assert listed.placement == "host_ids/device_ids"
+    eight = make_plan(fixture_job(7))
+    assert [s.layers for s in eight.stages] == [(i,) for i in range(8)]
+    described = eight.describe()["stages"][3]
+    assert described["device_ids"] == [6, 7] and described["layer_range"] == [3, 3]
+
+
+def _job(pp_dp_op, micro=1, groups=4, shape=None, hosts=None, devices=None, layers=8):
+    model = ModelSpec(8, 4, 2, layers, TOKENS[:layers])
+    parallel = ParallelSpec("t", (micro,), groups, False, pp_dp_op, shape, (), hosts, devices)
+    return Job(model, CLUSTER, TrainingSpec(1, 2), parallel, micro, "cpu")
+
+
+@pytest.mark.parametrize("job, reason", [
+    (_job((8, 1, 2), groups=4), "pp = 8 pipeline stages but only 4 layer groups"),
+    (_job((4, 2, 2), groups=6), "num_auto_layers = 6 is not divisible by pp = 4"),
+    (_job((2, 4, 2), groups=8, layers=4), "num_auto_layers = 8 layer groups, but the model has only 4"),
+    (_job((2, 8, 1), micro=4), "micro-batch of 4 samples cannot be split over 8 devices"),
+    (_job((2, 8, 1), shape=(1, 8)), None),
+    (_job((2, 8, 1), shape=(4, 2)), "physical_mesh_shape [4, 2] does not tile the cluster 2x8"),
+    (_job((2, 8, 1), shape=(1, 4)), "physical_mesh_shape [1, 4] holds 4 devices, but dp * op = 8"),
+    (_job((2, 1, 8), hosts=((0,), (0,)), devices=(((0, 1, 2, 3, 4, 5, 6, 7),), ((0, 1, 2, 3, 4, 5, 6, 7),))),
+     "are placed in more than one stage"),
+    (_job((2, 1, 8), hosts=((0,), (2,)), devices=(((0, 1, 2, 3, 4, 5, 6, 7),), ((0, 1, 2, 3, 4, 5, 6, 7),))),
+     "outside the cluster 2x8"),
+    (_job((2, 4, 2), hosts=((0,), (1,)), devices=(((0, 1, 2, 3),), ((0, 1, 2, 3),))),
+     "stage 0 gets 4 devices, but dp * op = 8"),
+])
+def test_plans_that_cannot_run_as_asked_are_rejected_with_the_reason(job, reason):
+    if reason is None:
+        assert [s.device_ids[0] for s in make_plan(job).stages] == [0, 8]
+        return
+    with pytest.raises(PlanError, match=re.escape(reason)):
+        make_plan(job)
+
+
+def test_schedules_order_and_memory():
+    assert stage_order("GPipe", 2, 0, 3) == [("F", 0), ("F", 1), ("F", 2), ("B", 0), ("B", 1), ("B", 2)]
+    assert stage_order("1F1B", 2, 0, 3) == [("F", 0), ("F", 1), ("B", 0), ("F", 2), ("B", 1), ("B", 2)]
+    assert stage_order("1F1B", 2, 1, 3) == [("F", 0), ("B", 0), ("F", 1), ("B", 1), ("F", 2), ("B", 2)]
+    for schedule in ("1F1B", "GPipe"):
+        order = dispatch_order(schedule, 4, 8)
+        assert len(order) == 4 * 8 * 2
+        for s, kind, m in order:  # every op comes after what it consumes
+            before = order[:order.index((s, kind, m))]
+            if kind == "F" and s > 0:
+                assert (s - 1, "F", m) in before
+            if kind == "B":
+                assert (s, "F", m) in before and (s == 3 or (s + 1, "B", m) in before)
+    assert [max_in_flight("1F1B", 4, s, 8) for s in range(4)] == [4, 3, 2, 1]
+    assert [max_in_flight("GPipe", 4, s, 8) for s in range(4)] == [8] * 4
+
+
+def test_remat_lowers_the_measured_peak_memory_of_a_deep_model(cache):
+    """Remat shrinks what a pipeline stage keeps per micro-batch in flight from every layer's
+    activations to its groups' inputs. (In one fused pp = 1 program XLA's CPU scheduler does not
+    turn remat into lower peak memory, so the fused case is left to GPUs.)"""
+    script = f"CACHE = {cache!r}\n" + REMAT_SCRIPT
+    out = json.loads(run_on_devices(4, script, xla_flags=FAST_XLA).stdout.strip().splitlines()[-1])
+    memory = out["memory"]
+    assert memory["GPipe remat"] < 0.5 * memory["GPipe"], memory
+    assert memory["1F1B"] < memory["GPipe"], memory  # fewer micro-batches in flight on stage 0
+    print(json.dumps(memory))
+    stage = out["described"]["stages"][1]
+    assert stage["device_ids"] == [2, 3] and stage["layer_range"] == [4, 7]
+    assert stage["shardings"]["optimizer_state"] == "ZeRO-2: scattered over dp"
+    assert stage["shardings"]["gradients_and_moments"]  # some leaves scattered over dp
+    assert out["described"]["schedule"] == "1F1B" and not out["described"]["remat"]
+
+
+REMAT_SCRIPT = """
+import json
+import jax
+jax.config.update("jax_compilation_cache_dir", CACHE)
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+from codesign.runtime import run_job
+from codesign.specs import ClusterSpec, Job, ModelSpec, ParallelSpec, TrainingSpec
+
+deep = ModelSpec(16, 16, 4, 8, (("ATTENTION", "LINEAR"),) * 8)
+def job(schedule, remat):
+    parallel = ParallelSpec("deep", (4,), 8, remat, (2, 2, 1), None, (("prefer_reduce_scatter", True),),
+                            pipeline_schedule=schedule)
+    return Job(deep, ClusterSpec(1, 4, "NVLink", "cpu"), TrainingSpec(64, 2), parallel, 4, "cpu")
+memory = {}
+for schedule, remat in (("GPipe", False), ("GPipe", True), ("1F1B", False)):
+    outcome = run_job(job(schedule, remat))
+    assert outcome.status == "succeeded", outcome.error
+    memory[schedule + (" remat" if remat else "")] = outcome.metrics["max_memory"]
+print(json.dumps({"memory": memory, "described": outcome.plan}))
+"""
