@@ -128,6 +128,14 @@ def compiled_memory(compiled) -> dict[str, int]:
                         + stats.temp_size_in_bytes - stats.alias_size_in_bytes)}
 
 
+def batch_shapes(job: Job, micro_batches: int) -> tuple[jax.ShapeDtypeStruct, jax.ShapeDtypeStruct]:
+    """Shapes of synthetic_batch's (inputs, targets), micro-batch leading."""
+    m, b = job.model, job.global_batch
+    per = (micro_batches, b // micro_batches)
+    return (jax.ShapeDtypeStruct((*per, m.emb_dim, m.num_features), jnp.float32),
+            jax.ShapeDtypeStruct((*per, zhen.output_width(m)), jnp.float32))
+
+
 def synthetic_batch(job: Job, micro_batches: int, x_sharding: NamedSharding,
                     y_sharding: NamedSharding) -> tuple[jax.Array, jax.Array]:
     """Fixed random inputs and targets (micro-batch leading), identical for every plan of the job."""

@@ -99,12 +99,15 @@ def accumulate(loss: Callable, grad_shardings: Any = None) -> Callable:
 def build_training(job: Job, plan: Plan) -> programs.Training:
     """The plan's training iteration, compiled (and its memory analysed) before it runs."""
     if len(plan.stages) > 1:
-        return pipeline.build_pipeline(job, plan)
+        training = pipeline.build_pipeline(job, plan)
+        ensure_fits(training.memory)
+        return training
     return build_single_stage(job, plan)
 
 
 def build_single_stage(job: Job, plan: Plan) -> SingleStage:
-    """Shard parameters by the plan's rules, then lower and compile the step before running it."""
+    """Shard parameters by the plan's rules, then lower and compile the step on abstract
+    arrays: a plan that cannot fit fails before anything is allocated on the devices."""
     stage = plan.stages[0]
     mesh = programs.stage_mesh(stage)
     shardings = programs.param_shardings(job, plan, stage, mesh)
@@ -112,9 +115,7 @@ def build_single_stage(job: Job, plan: Plan) -> SingleStage:
     grad_shardings = programs.gradient_shardings(plan, shardings, abstract)
     optimizer = optax.adam(job.training.learning_rate)
     opt_shardings = programs.optimizer_shardings(optimizer, abstract, grad_shardings, mesh)
-    params, opt_state = programs.init_state(job, stage, optimizer, (shardings, opt_shardings))
     batch = programs.batch_sharding(mesh, plan, leading=1)
-    x, y = programs.synthetic_batch(job, plan.num_micro_batches, batch, batch)
     grad_fn = accumulate(loss_fn(job, stage.groups, plan.remat),
                          grad_shardings if plan.reduce_scatter else None)
 
@@ -123,24 +124,36 @@ def build_single_stage(job: Job, plan: Plan) -> SingleStage:
         updates, opt_state = optimizer.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, loss
 
+    state = (abstract, jax.eval_shape(optimizer.init, abstract))
     start = time.perf_counter()
     compiled = jax.jit(step, donate_argnums=(0, 1),
                        out_shardings=(shardings, opt_shardings, NamedSharding(mesh, P()))
-                       ).lower(params, opt_state, x, y).compile()
+                       ).lower(*_placed(state, (shardings, opt_shardings)),
+                               *_placed(programs.batch_shapes(job, plan.num_micro_batches), (batch, batch))
+                               ).compile()
     compile_time = time.perf_counter() - start
-    return SingleStage(compiled, jax.jit(grad_fn), (params, opt_state), x, y, compile_time,
-                       programs.compiled_memory(compiled),
+    memory = programs.compiled_memory(compiled)
+    ensure_fits(memory)
+    params, opt_state = programs.init_state(job, stage, optimizer, (shardings, opt_shardings))
+    x, y = programs.synthetic_batch(job, plan.num_micro_batches, batch, batch)
+    return SingleStage(compiled, jax.jit(grad_fn), (params, opt_state), x, y, compile_time, memory,
                        (programs.describe_shardings(shardings, grad_shardings),))
 
 
-def check_fits(training: programs.Training) -> str:
-    """Why the compiled program cannot fit on the devices, or "" (unknown limits fit)."""
+def _placed(shapes: Any, shardings: Any) -> Any:
+    return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), shapes, shardings)
+
+
+class DoesNotFit(Exception):
+    """The compiled iteration needs more memory per device than the device has."""
+
+
+def ensure_fits(memory: dict[str, Any]) -> None:
     stats = jax.local_devices()[0].memory_stats() or {}
-    limit, need = stats.get("bytes_limit"), training.memory.get("peak")
+    limit, need = stats.get("bytes_limit"), memory.get("peak")
     if limit and need and need > limit:
-        return (f"the compiled step needs {need / 2**30:.2f} GiB per device, the device has "
-                f"{limit / 2**30:.2f} GiB: raise op or pp, add micro-batches or remat")
-    return ""
+        raise DoesNotFit(f"the compiled step needs {need / 2**30:.2f} GiB per device, the device has "
+                         f"{limit / 2**30:.2f} GiB: raise op or pp, add micro-batches or remat")
 
 
 def train_steps(training: programs.Training, steps: int) -> tuple[list[float], list[float]]:
@@ -182,12 +195,11 @@ def run_job(job: Job) -> Outcome:
         return Outcome(INVALID, error=str(err))
     try:
         training = build_training(job, plan)
-        too_big = check_fits(training)
-        if too_big:
-            return Outcome(OOM, error=too_big, plan=describe(plan, training))
         devices = [jax.devices()[i] for s in plan.stages for i in s.device_ids]
         local = [d for d in devices if d.process_index == jax.process_index()]  # others' stats are theirs
         losses, times, energy = measure_steps(training, job, local)
+    except DoesNotFit as err:
+        return Outcome(OOM, error=str(err), plan=plan.describe())
     except Exception as err:  # a job's failure is data, not a crash
         status = OOM if _is_oom(err) else FAILED
         return Outcome(status, error=traceback.format_exc(), plan=plan.describe())
