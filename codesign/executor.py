@@ -18,13 +18,12 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Callable, Mapping, Sequence
+from typing import Mapping, Sequence
 
 from codesign.results import FAILED, INTERRUPTED, TIMEOUT, Outcome
 from codesign.specs import Job
 
 log = logging.getLogger(__name__)
-HEARTBEAT_EVERY = 5.0
 POLL_EVERY = 0.05  # seconds between looks at running children
 OUTPUT_TAIL = 4000  # characters of the child's output kept with a crash
 _PR_SET_PDEATHSIG = 1
@@ -147,17 +146,6 @@ class LocalExecutor:
 
     def cancel(self, run: LocalRun) -> None:
         run.process.close()
-
-    def run(self, job: Job, timeout: float, heartbeat: Callable[[], None]) -> Outcome:
-        """One job to its end, calling heartbeat while it runs."""
-        run = self.start(job, timeout)
-        try:
-            while not (ended := self.wait([run], HEARTBEAT_EVERY)):
-                heartbeat()
-        except BaseException:
-            self.cancel(run)
-            raise
-        return ended[0][1]
 
 
 def _exit_text(code: int) -> str:

@@ -10,31 +10,7 @@ import pandas as pd
 import pytest
 
 from codesign.store import LEGACY_COLUMNS
-from tests.conftest import REPO, run_cli
-
-TINY = """
-[training_spec]
-avg_batch_size_per_device = 4
-num_iters = 3
-
-[[model]]
-num_features = 8
-emb_dim = 4
-output_per_emb = 2
-num_zhen_layers = 1
-tokens = ["LINEAR", "DOT"]
-
-[[cluster_spec]]
-num_hosts = 1
-num_devices_per_host = 2
-transport = "NVLink"
-platform = "cpu"
-
-[[parallel_spec]]
-description = "data parallel"
-num_micro_batches = [1, 3]
-"(pp, dp, op)" = [1, 2, 1]
-"""
+from tests.conftest import REPO, SMALL_CONFIG, run_cli
 
 
 def rows(db) -> list[dict]:
@@ -59,7 +35,7 @@ def test_dry_run_lists_fixture_jobs_and_writes_nothing(tmp_path, fixture_config)
 
 @pytest.mark.parametrize("text, message", [
     ("[training_spec\n", "c.toml: file: invalid TOML"),
-    (TINY.replace('"(pp, dp, op)" = [1, 2, 1]', '"(pp, dp, op)" = [1, 2, "x"]'),
+    (SMALL_CONFIG.replace('"(pp, dp, op)" = [1, 2, 1]', '"(pp, dp, op)" = [1, 2, "x"]'),
      "c.toml: [[parallel_spec]] #1 field '(pp, dp, op)': expected 3 positive integers"),
 ])
 def test_config_errors_exit_2_and_change_nothing(tmp_path, text, message):
@@ -119,7 +95,7 @@ def test_exports_open_in_pandas_with_the_original_columns(default_sweep):
 
 
 def test_retry_failed_reruns_only_the_failed(tmp_path):
-    (tmp_path / "c.toml").write_text(TINY)
+    (tmp_path / "c.toml").write_text(SMALL_CONFIG)
     assert run_cli("-c", "c.toml", cwd=tmp_path).returncode == 0
     first = rows(tmp_path / "results.db")
     assert [r["status"] for r in first] == ["succeeded", "invalid"]
@@ -132,7 +108,7 @@ def test_retry_failed_reruns_only_the_failed(tmp_path):
 
 
 def test_a_job_past_its_timeout_is_killed_and_the_next_runs(tmp_path):
-    (tmp_path / "c.toml").write_text(TINY.replace("[1, 3]", "[1, 2]"))
+    (tmp_path / "c.toml").write_text(SMALL_CONFIG.replace("[1, 3]", "[1, 2]"))
     proc = run_cli("-c", "c.toml", "--manual-job-timeout", "0.5", cwd=tmp_path)
     assert proc.returncode == 0
     attempts = rows(tmp_path / "results.db")
@@ -165,9 +141,17 @@ def test_run_sh_stops_on_a_config_error(tmp_path):
 
 
 def test_precision_is_recorded_on_every_attempt(tmp_path):
-    text = TINY.replace("num_iters = 3", 'num_iters = 3\nprecision = "bf16"').replace("[1, 3]", "[1]")
+    text = SMALL_CONFIG.replace("num_iters = 3", 'num_iters = 3\nprecision = "bf16"').replace("[1, 3]", "[1]")
     (tmp_path / "c.toml").write_text(text)
     assert run_cli("-c", "c.toml", cwd=tmp_path).returncode == 0
     (attempt,) = rows(tmp_path / "results.db")
     assert (attempt["status"], attempt["precision"]) == ("succeeded", "bf16")
     assert attempt["energy_per_iter"] is None  # no GPU, no NVML counter: absent, not zero
+
+
+def test_jobs_this_machine_cannot_provide_are_counted_not_recorded(tmp_path, fixture_config):
+    proc = run_cli("-c", str(fixture_config), "-d", "r.db", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "codesign: not attempted, 6 job(s): needs 1 GPUs; this machine has 0" in proc.stderr
+    assert "codesign: not attempted, 27 job(s): needs 2 GPU hosts; this machine is one host" in proc.stderr
+    assert rows(tmp_path / "r.db") == []

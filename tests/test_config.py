@@ -3,30 +3,7 @@ import pytest
 from codesign.config import DEFAULT_CONFIG, RaySettings, load_config
 from codesign.errors import ConfigError
 from codesign.specs import AUTO_SEARCH
-from tests.conftest import FIXTURES
-
-BASE = """
-[training_spec]
-avg_batch_size_per_device = 8
-num_iters = 4
-
-[[model]]
-num_features = 8
-emb_dim = 4
-output_per_emb = 2
-num_zhen_layers = 2
-tokens = ["DOT", "LINEAR"]
-
-[[cluster_spec]]
-num_hosts = 1
-num_devices_per_host = 2
-transport = "NVLink"
-
-[[parallel_spec]]
-description = "data parallel"
-num_micro_batches = [1]
-"(pp, dp, op)" = [1, 2, 1]
-"""
+from tests.conftest import FIXTURES, SMALL_CONFIG as BASE
 
 
 def write(tmp_path, text):
@@ -60,8 +37,7 @@ def test_default_config_runs_anywhere():
 
 
 def test_platform_and_new_keys(tmp_path):
-    text = BASE.replace('transport = "NVLink"', 'transport = "NVLink"\nplatform = "cpu"')
-    text = text.replace("num_iters = 4", 'num_iters = 4\nprecision = "bf16"\nlearning_rate = 0.01')
+    text = BASE.replace("num_iters = 3", 'num_iters = 3\nprecision = "bf16"\nlearning_rate = 0.01')
     config = load_config(write(tmp_path, text))
     assert config.clusters[0].platform == "cpu"
     assert config.training.precision == "bf16" and config.training.learning_rate == 0.01
@@ -69,19 +45,19 @@ def test_platform_and_new_keys(tmp_path):
 
 @pytest.mark.parametrize("old, new, table, field", [
     ('transport = "NVLink"', 'transport = "Carrier pigeon"', "[[cluster_spec]] #1", "transport"),
-    ('transport = "NVLink"', 'transport = "NVLink"\nplatform = "tpu"', "[[cluster_spec]] #1", "platform"),
+    ('platform = "cpu"', 'platform = "tpu"', "[[cluster_spec]] #1", "platform"),
     ('num_hosts = 1', 'num_hosts = 2', "[[cluster_spec]] #1", "transport"),
-    ('tokens = ["DOT", "LINEAR"]', 'tokens = ["DOT", "MLP"]', "[[model]] #1", "tokens"),
-    ('tokens = ["DOT", "LINEAR"]', 'tokens = [["DOT"]]', "[[model]] #1", "tokens"),
+    ('tokens = ["LINEAR", "DOT"]', 'tokens = ["DOT", "MLP"]', "[[model]] #1", "tokens"),
+    ('tokens = ["LINEAR", "DOT"]', 'tokens = [["DOT"], ["DOT"]]', "[[model]] #1", "tokens"),
     ('emb_dim = 4', 'emb_dim = 0', "[[model]] #1", "emb_dim"),
-    ('num_iters = 4', 'num_iters = "4"', "[training_spec]", "num_iters"),
+    ('num_iters = 3', 'num_iters = "3"', "[training_spec]", "num_iters"),
     ('"(pp, dp, op)" = [1, 2, 1]', '"(pp, dp, op)" = [1, 2]', "[[parallel_spec]] #1", "(pp, dp, op)"),
     ('"(pp, dp, op)" = [1, 2, 1]', '', "[[parallel_spec]] #1", "(pp, dp, op)"),
-    ('num_micro_batches = [1]', 'num_micro_batches = [1]\nphysical_mesh_shape = [1, 4]',
+    ('num_micro_batches = [1, 3]', 'num_micro_batches = [1, 3]\nphysical_mesh_shape = [1, 4]',
      "[[parallel_spec]] #1", "physical_mesh_shape"),
-    ('num_micro_batches = [1]', 'num_micro_batches = [1]\nauto_sharding_option = { fast = true }',
+    ('num_micro_batches = [1, 3]', 'num_micro_batches = [1, 3]\nauto_sharding_option = { fast = true }',
      "[[parallel_spec]] #1", "auto_sharding_option"),
-    ('num_micro_batches = [1]', 'num_micro_batches = [1]\nremat = true', "[[parallel_spec]] #1", "remat"),
+    ('num_micro_batches = [1, 3]', 'num_micro_batches = [1, 3]\nremat = true', "[[parallel_spec]] #1", "remat"),
 ])
 def test_config_errors_name_file_table_and_field(tmp_path, old, new, table, field):
     assert old in BASE
@@ -128,3 +104,13 @@ def test_ray_table_errors_name_the_field(tmp_path, table, field):
     with pytest.raises(ConfigError) as err:
         load_config(write(tmp_path, BASE + "\n" + table + "\n"))
     assert (err.value.table, err.value.field) == ("[ray]", field)
+
+
+def test_gpu_config_holds_the_seed_model_on_one_and_eight_gpus():
+    from codesign import zhen
+
+    config = load_config(DEFAULT_CONFIG.parent / "zhen_gpu.toml")
+    (model,) = config.models
+    assert zhen.param_count(model) == 156_790_400
+    assert config.training.avg_batch_size_per_device == 1024 and config.training.num_iters == 20
+    assert [(c.num_devices, c.platform) for c in config.clusters] == [(1, "gpu"), (8, "gpu")]

@@ -1,7 +1,6 @@
 """Jobs that hang, crash and segfault really do so; the sweep records them and goes on."""
 
 import dataclasses
-import os
 import time
 from types import SimpleNamespace
 
@@ -46,13 +45,17 @@ def test_hang_crash_and_segfault_are_recorded_and_the_sweep_goes_on(tmp_path, mo
 
 
 def test_heartbeat_runs_while_the_job_runs(tmp_path, monkeypatch):
-    monkeypatch.setattr("codesign.executor.HEARTBEAT_EVERY", 0.2)
+    monkeypatch.setattr("codesign.orchestrator.HEARTBEAT_EVERY", 0.2)
     monkeypatch.setenv("FAULT_PIDS", str(tmp_path / "pids"))
     monkeypatch.setenv("PYTHONPATH", str(REPO))
+    store = Store(tmp_path / "r.db")
     beats = []
-    outcome = LocalExecutor(job_module="tests.fault_jobs").run(
-        fault_job("hang").job, timeout=1.5, heartbeat=lambda: beats.append(os.getpid()))
-    assert outcome.status == "timeout" and len(beats) >= 3
+    monkeypatch.setattr(store, "heartbeat", lambda attempt: beats.append(attempt) or Store.heartbeat(store, attempt))
+    run_sweep([fault_job("hang")], store, LocalExecutor(job_module="tests.fault_jobs"),
+              retry_failed=False, manual_timeout=1.5)
+    (row,) = store.attempts()
+    assert row["status"] == "timeout" and len(beats) >= 3 and set(beats) == {row["id"]}
+    assert row["heartbeat"] > row["started_at"]
 
 
 def test_max_concurrent_runs_local_jobs_at_once(tmp_path, monkeypatch):

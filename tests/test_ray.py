@@ -22,8 +22,7 @@ from codesign.orchestrator import run_sweep  # noqa: E402
 from codesign.ray_executor import RayExecutor  # noqa: E402
 from codesign.specs import ClusterSpec, Job, ModelSpec, ParallelSpec, TrainingSpec  # noqa: E402
 from codesign.store import Store  # noqa: E402
-from tests.conftest import REPO, run_cli  # noqa: E402
-from tests.test_cli import TINY  # noqa: E402
+from tests.conftest import REPO, SMALL_CONFIG, run_cli  # noqa: E402
 from tests.test_executor import fault_job  # noqa: E402
 
 NODE = {"num_cpus": 2, "node_ip_address": "127.0.0.1", "object_store_memory": 80 * 2**20}
@@ -81,8 +80,10 @@ def test_the_cluster_counts_as_two_cpu_hosts(cluster):
 
 def test_two_host_data_parallel_job_matches_the_single_process_reference(cluster, tmp_path):
     job = two_host_job()
-    reference = LocalExecutor().run(job, timeout=300, heartbeat=lambda: None)
-    assert reference.status == "succeeded", reference.error
+    reference_store = Store(tmp_path / "reference.db")
+    run_sweep([PlannedJob(job)], reference_store, LocalExecutor(), retry_failed=False, manual_timeout=300)
+    (reference,) = reference_store.attempts()
+    assert reference["status"] == "succeeded", reference["error"]
     store = Store(tmp_path / "r.db")
     start = time.monotonic()
     summary = run_sweep([PlannedJob(job)], store, RayExecutor(), retry_failed=False,
@@ -90,7 +91,7 @@ def test_two_host_data_parallel_job_matches_the_single_process_reference(cluster
     row = store.attempts()[0]
     assert summary.statuses == {"succeeded": 1}, row["error"]
     losses = json.loads(row["all_configs"])["losses"]
-    diff = max(abs(a - b) for a, b in zip(losses, reference.metrics["losses"]))
+    diff = max(abs(a - b) for a, b in zip(losses, json.loads(reference["all_configs"])["losses"]))
     print(f"2-host losses {losses}, max |diff| vs 1 process {diff:.2e}, "
           f"{time.monotonic() - start:.1f} s on Ray")
     assert len(losses) == 4 and losses[-1] < losses[0] and diff < LOSS_TOL
@@ -132,7 +133,7 @@ def test_independent_jobs_run_at_once_where_resources_allow(cluster, tmp_path):
 
 def test_cli_runs_the_sweep_on_the_cluster_from_the_ray_table(cluster, tmp_path):
     nodes, _ = cluster
-    config = TINY + f'\n[ray]\naddress = "{nodes.address}"\nmax_concurrent = 2\n'
+    config = SMALL_CONFIG + f'\n[ray]\naddress = "{nodes.address}"\nmax_concurrent = 2\n'
     (tmp_path / "c.toml").write_text(config)
     dry = run_cli("-D", "-c", "c.toml", cwd=tmp_path, timeout=120)
     assert "2 jobs: 2 run, 0 skip, 0 running, 0 unavailable" in dry.stdout, dry.stderr[-2000:]
@@ -143,7 +144,7 @@ def test_cli_runs_the_sweep_on_the_cluster_from_the_ray_table(cluster, tmp_path)
 
 
 def test_an_unreachable_ray_address_is_a_usage_error(tmp_path):
-    (tmp_path / "c.toml").write_text(TINY)
+    (tmp_path / "c.toml").write_text(SMALL_CONFIG)
     proc = run_cli("-c", "c.toml", "--ray-address", "127.0.0.1:1", cwd=tmp_path, timeout=120)
     assert proc.returncode == 2 and "cannot connect to the Ray cluster at 127.0.0.1:1" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1 and not (tmp_path / "results.db").exists()
