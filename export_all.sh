@@ -1,7 +1,3 @@
 #!/usr/bin/env bash
 # Every finished attempt (with a result or an error) -> results_all.csv. Extra args: -d DB, -o CSV.
-here=$(cd "$(dirname "$0")" && pwd)
-python=${CODESIGN_PYTHON:-python3}
-[ -z "${CODESIGN_PYTHON:-}" ] && [ -x "$here/.venv/bin/python" ] && python=$here/.venv/bin/python
-export PYTHONPATH="$here${PYTHONPATH:+:$PYTHONPATH}"
-exec "$python" -m codesign.export all "$@"
+exec "$(dirname "$0")/scripts/python.sh" -m codesign.store.export all "$@"

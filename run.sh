@@ -3,10 +3,7 @@
 # Every argument is passed on. A usage or config error (exit 2), a clean finish (0) or a
 # user's Ctrl-C (130) stops the loop; at most CODESIGN_MAX_RESTARTS restarts (default 5).
 set -u
-here=$(cd "$(dirname "$0")" && pwd)
-python=${CODESIGN_PYTHON:-python3}
-[ -z "${CODESIGN_PYTHON:-}" ] && [ -x "$here/.venv/bin/python" ] && python=$here/.venv/bin/python
-export PYTHONPATH="$here${PYTHONPATH:+:$PYTHONPATH}"
+python=$(dirname "$0")/scripts/python.sh
 max_restarts=${CODESIGN_MAX_RESTARTS:-5}
 restarts=0
 while true; do

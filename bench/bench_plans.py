@@ -16,13 +16,13 @@ import dataclasses
 import logging
 from pathlib import Path
 
-from codesign.config import load_config
-from codesign.devices import local_gpu_count
-from codesign.executor import LocalExecutor
-from codesign.jobs import enumerate_jobs
-from codesign.orchestrator import invalid_outcome
-from codesign.results import SUCCEEDED
-from codesign.specs import SCHEDULES, Job
+from codesign.outcome import SUCCEEDED, Outcome
+from codesign.run.local import LocalExecutor
+from codesign.run.sweep import invalid_outcome
+from codesign.spec.config import load_config
+from codesign.spec.hosts import Hosts, local_gpu_count
+from codesign.spec.jobs import enumerate_jobs
+from codesign.spec.types import SCHEDULES, Job
 
 DEFAULT = Path(__file__).with_name("plans.toml")
 HEADER = (f"{'plan':<34}{'mb':>4}{'sched':>7}{'status':>11}{'median ms':>11}{'p90 ms':>9}"
@@ -36,8 +36,16 @@ def variants(job: Job, both_schedules: bool) -> list[Job]:
             for s in SCHEDULES]
 
 
+def run_one(job: Job, executor: LocalExecutor, timeout: float) -> Outcome:
+    """The job body in its own process, as the sweep runs it, without the DB."""
+    run = executor.start(job, timeout)
+    while not (ended := executor.wait([run], 1.0)):
+        pass
+    return ended[0][1]
+
+
 def row(job: Job, executor: LocalExecutor, timeout: float) -> str:
-    outcome = invalid_outcome(job) or executor.run(job, timeout, lambda: None)
+    outcome = invalid_outcome(job) or run_one(job, executor, timeout)
     pp = job.parallel.pp_dp_op[0]
     zero = " zero2" if job.parallel.sharding_options.get("prefer_reduce_scatter") else ""
     head = (f"{job.parallel.summary() + zero:<34}{job.num_micro_batches:>4}"
@@ -62,7 +70,7 @@ def main() -> None:
     executor = LocalExecutor(cache_dir=None)  # no compilation cache: compile times are real
     print(f"{config.path}: {config.training}")
     print(HEADER, flush=True)
-    for item in enumerate_jobs(config, local_gpu_count()):
+    for item in enumerate_jobs(config, Hosts.local(local_gpu_count())):
         if item.unavailable or item.job.parallel.is_auto:
             continue
         for job in variants(item.job, args.both_schedules):

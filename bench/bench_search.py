@@ -15,7 +15,10 @@ import resource
 import time
 import tracemalloc
 
-from codesign import search, zhen  # imported before timing: jax's import is not the search's cost
+from codesign.zhen import (  # imported before timing: jax's import is not the search's cost
+    counts,
+    search,
+)
 
 DEFAULT = search.search_from_args(argparse.Namespace(
     max_layers=4, slots=12, kinds=search.DEFAULT_KINDS, base_features=512, base_emb_dim=160,
@@ -40,7 +43,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--max-slots", type=int, default=16, help="Largest slot count of the 3-kind series.")
     args = parser.parse_args()
-    zhen.param_count(DEFAULT.base)  # warm the lazy import
+    counts.param_count(DEFAULT.base)  # warm the lazy import
     cases = [("3 kinds (issue)", DEFAULT),
              ("4 kinds (issue)", dataclasses.replace(DEFAULT, kinds=search.MIXERS))]
     cases += [(f"3 kinds, {n} slots", dataclasses.replace(DEFAULT, slots=n))

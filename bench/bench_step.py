@@ -14,10 +14,10 @@ import argparse
 import jax
 import numpy as np
 
-from codesign import zhen
-from codesign.plan import make_plan
-from codesign.runtime import build_training, peak_memory, train_steps
-from codesign.specs import ClusterSpec, Job, ModelSpec, ParallelSpec, TrainingSpec
+from codesign.engine.job import build_training, peak_memory, train_steps
+from codesign.planner.plan import make_plan
+from codesign.spec.types import ClusterSpec, Job, ModelSpec, ParallelSpec, TrainingSpec
+from codesign.zhen import counts
 
 MODELS = {
     "seed": ModelSpec(512, 160, 20, 4, (("ATTENTION", "LINEAR", "ATTENTION", "DOT"),) * 4),
@@ -33,8 +33,8 @@ def bench(model: ModelSpec, batch: int, precision: str, steps: int) -> dict:
     train_steps(training, 2)
     _, times = train_steps(training, steps)
     step = float(np.median(times))
-    per_sample = zhen.train_flops_per_sample(model)
-    executed = 3 * zhen.forward_flops_per_sample(model, fold_dot=True)
+    per_sample = counts.train_flops_per_sample(model)
+    executed = 3 * counts.forward_flops_per_sample(model, fold_dot=True)
     return {"precision": precision, "batch": batch, "step_ms": step * 1e3, "samples_per_s": batch / step,
             "model_tflops": per_sample * batch / step / 1e12, "executed_tflops": executed * batch / step / 1e12,
             "peak_mib": (peak_memory(training, jax.devices()[:1]) or 0) / 2**20,
@@ -51,8 +51,8 @@ def main() -> None:
     model = MODELS[args.model]
     batch = args.batch or (1024 if args.model == "seed" else 256)
     device = jax.devices()[0]
-    print(f"# {args.model}: {model.summary()}, {zhen.param_count(model):,} parameters, "
-          f"{zhen.train_flops_per_sample(model) * batch / 1e12:.3f} TFLOP per step; "
+    print(f"# {args.model}: {model.summary()}, {counts.param_count(model):,} parameters, "
+          f"{counts.train_flops_per_sample(model) * batch / 1e12:.3f} TFLOP per step; "
           f"{device.platform} {device.device_kind}, jax {jax.__version__}")
     print(f"{'precision':>9} {'batch':>6} {'step ms':>9} {'samples/s':>11} {'TFLOP/s':>8} "
           f"{'executed':>8} {'peak MiB':>9} {'compile s':>9}")

@@ -9,7 +9,7 @@ export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 python3 bench/bench_step.py --model seed --steps 20 2>&1 | tee "$out/bench_step.txt"
 python3 -m codesign -v -c codesign/models/zhen_gpu.toml -d "$out/gpu.db" 2>&1 | tail -n 30 | tee "$out/cli.txt"
-python3 -m codesign.export all -d "$out/gpu.db" -o "$out/gpu_results.csv"
+python3 -m codesign.store.export all -d "$out/gpu.db" -o "$out/gpu_results.csv"
 python3 - "$out/gpu_results.csv" <<'PY'
 import sys, pandas as pd
 frame = pd.read_csv(sys.argv[1])

@@ -10,15 +10,15 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterator, TextIO
 
-from codesign import search
-from codesign.config import DEFAULT_CONFIG, Config, load_config
-from codesign.devices import Hosts, local_gpu_count, ray_hosts
 from codesign.errors import UserError
-from codesign.jobs import PlannedJob, enumerate_jobs
-from codesign.store import Store
+from codesign.spec.config import DEFAULT_CONFIG, Config, load_config
+from codesign.spec.hosts import Hosts, local_gpu_count, ray_hosts
+from codesign.spec.jobs import PlannedJob, enumerate_jobs
+from codesign.store.database import Store
+from codesign.zhen import search
 
 if TYPE_CHECKING:
-    from codesign.orchestrator import Executor
+    from codesign.run.sweep import Executor
 
 EXIT_USAGE = 2
 log = logging.getLogger("codesign")
@@ -92,14 +92,14 @@ def _ray_session(address: str | None) -> Iterator[None]:
         yield
         return
     try:
-        from codesign import ray_executor
+        from codesign.run import ray_cluster
     except ImportError as err:
         raise UserError(f"running on Ray needs it installed (pip install 'codesign[ray]'): {err}") from None
-    ray_executor.connect(address)
+    ray_cluster.connect(address)
     try:
         yield
     finally:
-        ray_executor.disconnect()
+        ray_cluster.disconnect()
 
 
 def _hosts(config: Config, address: str | None) -> Hosts:
@@ -112,10 +112,10 @@ def _hosts(config: Config, address: str | None) -> Hosts:
 def _executor(db: str, address: str | None) -> Executor:
     cache_dir = str(Path(db).resolve().parent / "jax_cache")
     if address:
-        from codesign.ray_executor import RayExecutor
+        from codesign.run.ray_cluster import RayExecutor
 
         return RayExecutor(cache_dir)
-    from codesign.executor import LocalExecutor
+    from codesign.run.local import LocalExecutor
 
     return LocalExecutor(cache_dir)
 
@@ -129,7 +129,7 @@ def _max_concurrent(args: argparse.Namespace, config: Config, address: str | Non
 
 def run(planned: list[PlannedJob], args: argparse.Namespace, executor: Executor,
         max_concurrent: int | None) -> int:
-    from codesign.orchestrator import run_sweep
+    from codesign.run.sweep import run_sweep
 
     store = Store(args.db)
     try:

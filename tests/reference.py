@@ -4,15 +4,24 @@ Imported by the scripts that run in subprocesses with many virtual devices, and 
 that check what those scripts print.
 """
 
+import flax.linen as nn
 import jax
 import numpy as np
 
-from codesign.plan import make_plan
-from codesign.runtime import build_training, train_steps
+from codesign.engine.job import build_training, train_steps
+from codesign.planner.plan import make_plan
+from codesign.spec.types import ModelSpec
+from codesign.zhen import network
 
 LOSS_TOL = 1e-5  # absolute, on losses near 1-2
 GRAD_TOL = 1e-4  # largest difference relative to the leaf's largest reference gradient, first step
 UPDATE_TOL = 1e-3  # per leaf: |params moved - reference moved| / |reference moved|, two Adam steps
+
+
+def built_param_count(spec: ModelSpec) -> int:
+    """Parameters of the Flax model, from an abstract initialisation (nothing allocated)."""
+    shapes = nn.meta.unbox(jax.eval_shape(lambda k: network.init_params(spec, k), jax.random.key(0)))
+    return sum(x.size for x in jax.tree.leaves(shapes))
 
 
 def leaves(tree) -> list[np.ndarray]:

@@ -1,15 +1,15 @@
 """The command line as users run it: dry run, a real sweep of the default config, reruns, exports."""
 
 import os
-import subprocess
 import sqlite3
 import stat
+import subprocess
 import time
 
 import pandas as pd
 import pytest
 
-from codesign.store import LEGACY_COLUMNS
+from codesign.store.schema import LEGACY_COLUMNS
 from tests.conftest import REPO, SMALL_CONFIG, run_cli
 
 

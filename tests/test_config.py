@@ -1,9 +1,10 @@
 import pytest
 
-from codesign.config import DEFAULT_CONFIG, RaySettings, load_config
 from codesign.errors import ConfigError
-from codesign.specs import AUTO_SEARCH
-from tests.conftest import FIXTURES, SMALL_CONFIG as BASE
+from codesign.spec.config import DEFAULT_CONFIG, RaySettings, load_config
+from codesign.spec.types import AUTO_SEARCH
+from tests.conftest import FIXTURES
+from tests.conftest import SMALL_CONFIG as BASE
 
 
 def write(tmp_path, text):
@@ -107,10 +108,10 @@ def test_ray_table_errors_name_the_field(tmp_path, table, field):
 
 
 def test_gpu_config_holds_the_seed_model_on_one_and_eight_gpus():
-    from codesign import zhen
+    from codesign.zhen import counts
 
     config = load_config(DEFAULT_CONFIG.parent / "zhen_gpu.toml")
     (model,) = config.models
-    assert zhen.param_count(model) == 156_790_400
+    assert counts.param_count(model) == 156_790_400
     assert config.training.avg_batch_size_per_device == 1024 and config.training.num_iters == 20
     assert [(c.num_devices, c.platform) for c in config.clusters] == [(1, "gpu"), (8, "gpu")]

@@ -6,11 +6,11 @@ from types import SimpleNamespace
 
 import psutil
 
-from codesign.executor import LocalExecutor
-from codesign.jobs import PlannedJob
-from codesign.orchestrator import run_sweep
-from codesign.specs import ClusterSpec, Job, ModelSpec, ParallelSpec, TrainingSpec
-from codesign.store import Store
+from codesign.run.local import LocalExecutor
+from codesign.run.sweep import run_sweep
+from codesign.spec.jobs import PlannedJob
+from codesign.spec.types import ClusterSpec, Job, ModelSpec, ParallelSpec, TrainingSpec
+from codesign.store.database import Store
 from tests.conftest import REPO
 
 

@@ -1,6 +1,6 @@
-from codesign.config import load_config
-from codesign.devices import Hosts
-from codesign.jobs import enumerate_jobs, job_key, job_timeout
+from codesign.spec.config import load_config
+from codesign.spec.hosts import Hosts
+from codesign.spec.jobs import enumerate_jobs, job_key, job_timeout
 from tests.conftest import FIXTURES
 
 

@@ -6,11 +6,11 @@ import re
 
 import pytest
 
-from codesign.config import load_config
+from codesign.engine.pipeline import dispatch_order, max_in_flight, stage_order
 from codesign.errors import PlanError
-from codesign.pipeline import dispatch_order, max_in_flight, stage_order
-from codesign.plan import make_plan
-from codesign.specs import ClusterSpec, Job, ModelSpec, ParallelSpec, TrainingSpec
+from codesign.planner.plan import make_plan
+from codesign.spec.config import load_config
+from codesign.spec.types import ClusterSpec, Job, ModelSpec, ParallelSpec, TrainingSpec
 from tests.conftest import FIXTURES, run_on_devices
 from tests.reference import assert_matches
 
@@ -28,7 +28,7 @@ import jax
 jax.config.update("jax_compilation_cache_dir", CACHE)
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
 jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
-from codesign.specs import ClusterSpec, Job, ParallelSpec, TrainingSpec
+from codesign.spec.types import ClusterSpec, Job, ParallelSpec, TrainingSpec
 from tests.reference import differences, live_leaves, two_steps
 from tests.test_pipeline import MODEL, fixture_jobs
 
@@ -189,8 +189,8 @@ import json
 import jax
 jax.config.update("jax_compilation_cache_dir", CACHE)
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
-from codesign.runtime import run_job
-from codesign.specs import ClusterSpec, Job, ModelSpec, ParallelSpec, TrainingSpec
+from codesign.engine.job import run_job
+from codesign.spec.types import ClusterSpec, Job, ModelSpec, ParallelSpec, TrainingSpec
 
 deep = ModelSpec(16, 16, 4, 8, (("ATTENTION", "LINEAR"),) * 8)
 def job(schedule, remat):

@@ -14,14 +14,14 @@ import pytest  # noqa: E402
 import ray  # noqa: E402
 from ray.cluster_utils import Cluster  # noqa: E402
 
-from codesign import ray_executor  # noqa: E402
-from codesign.devices import ray_hosts, resolve_platform  # noqa: E402
-from codesign.executor import LocalExecutor  # noqa: E402
-from codesign.jobs import PlannedJob  # noqa: E402
-from codesign.orchestrator import run_sweep  # noqa: E402
-from codesign.ray_executor import RayExecutor  # noqa: E402
-from codesign.specs import ClusterSpec, Job, ModelSpec, ParallelSpec, TrainingSpec  # noqa: E402
-from codesign.store import Store  # noqa: E402
+from codesign.run import ray_cluster  # noqa: E402
+from codesign.run.local import LocalExecutor  # noqa: E402
+from codesign.run.ray_cluster import RayExecutor  # noqa: E402
+from codesign.run.sweep import run_sweep  # noqa: E402
+from codesign.spec.hosts import ray_hosts, resolve_platform  # noqa: E402
+from codesign.spec.jobs import PlannedJob  # noqa: E402
+from codesign.spec.types import ClusterSpec, Job, ModelSpec, ParallelSpec, TrainingSpec  # noqa: E402
+from codesign.store.database import Store  # noqa: E402
 from tests.conftest import REPO, SMALL_CONFIG, run_cli  # noqa: E402
 from tests.test_executor import fault_job  # noqa: E402
 
@@ -39,10 +39,10 @@ def cluster(tmp_path_factory):
         nodes = Cluster(initialize_head=True, head_node_args={**NODE, "include_dashboard": False})
         try:
             nodes.add_node(**NODE)
-            ray_executor.connect(nodes.address)
+            ray_cluster.connect(nodes.address)
             yield nodes, pids
         finally:
-            ray_executor.disconnect()
+            ray_cluster.disconnect()
             nodes.shutdown()
 
 
@@ -153,7 +153,7 @@ def test_an_unreachable_ray_address_is_a_usage_error(tmp_path):
 def test_a_dead_actor_on_a_lost_node_records_interrupted(cluster):
     alive = ray.nodes()[0]["NodeID"]
     err = ray.exceptions.RayActorError(error_msg="The actor died unexpectedly")
-    lost = ray_executor._actor_lost(SimpleNamespace(nodes={0: alive, 1: "f" * 56}), 1, err)
+    lost = ray_cluster._actor_lost(SimpleNamespace(nodes={0: alive, 1: "f" * 56}), 1, err)
     assert lost.status == "interrupted" and "node ffffffffffff of host 1 was lost" in lost.error
-    died = ray_executor._actor_lost(SimpleNamespace(nodes={0: alive}), 0, err)
+    died = ray_cluster._actor_lost(SimpleNamespace(nodes={0: alive}), 0, err)
     assert died.status == "failed" and "the actor of host 0 died" in died.error

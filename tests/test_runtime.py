@@ -5,9 +5,10 @@ import dataclasses
 import jax
 import pytest
 
-from codesign import programs, runtime
-from codesign.plan import make_plan
-from codesign.specs import ClusterSpec, Job, ModelSpec, ParallelSpec, TrainingSpec
+from codesign.engine import job as job_body
+from codesign.engine import programs
+from codesign.planner.plan import make_plan
+from codesign.spec.types import ClusterSpec, Job, ModelSpec, ParallelSpec, TrainingSpec
 
 
 class SmallDevice:
@@ -28,7 +29,7 @@ def test_too_big_a_plan_is_oom_before_anything_is_allocated(monkeypatch):
     allocated = []
     monkeypatch.setattr(programs, "init_state", lambda *a: allocated.append(a))
     monkeypatch.setattr(jax, "local_devices", lambda: [SmallDevice(1 << 20)])
-    outcome = runtime.run_job(JOB)
+    outcome = job_body.run_job(JOB)
     assert outcome.status == "oom" and not allocated
     assert "GiB per device, the device has 0.00 GiB" in outcome.error
     assert outcome.plan["stages"][0]["device_ids"] == [0]
@@ -36,18 +37,18 @@ def test_too_big_a_plan_is_oom_before_anything_is_allocated(monkeypatch):
 
 def test_warm_up_steps_are_trained_but_not_timed():
     job = dataclasses.replace(JOB, training=TrainingSpec(32, 6))  # 6 iterations: 2 warm-up
-    outcome = runtime.run_job(job)
+    outcome = job_body.run_job(job)
     assert outcome.status == "succeeded", outcome.error
     losses, m = outcome.metrics["losses"], outcome.metrics
     assert len(losses) == 6 and losses[-1] < losses[0]
     assert 0 < m["median"] <= m["p90"] and m["throughput"] == pytest.approx(32 / m["avg"])
     assert m["energy_per_iter"] is None and m["compile_time"] > 0 and m["max_memory"] > 0
-    training = runtime.build_training(job, make_plan(job))
-    losses, times, energy = runtime.measure_steps(training, job, jax.local_devices())
+    training = job_body.build_training(job, make_plan(job))
+    losses, times, energy = job_body.measure_steps(training, job, jax.local_devices())
     assert (len(losses), len(times), energy) == (6, 4, None)
 
 
 def test_auto_search_is_invalid_until_supported():
     job = dataclasses.replace(JOB, parallel=ParallelSpec("Auto search", (1,), 1))
-    outcome = runtime.run_job(job)
+    outcome = job_body.run_job(job)
     assert (outcome.status, outcome.error) == ("invalid", "Auto search is not supported yet")

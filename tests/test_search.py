@@ -11,15 +11,14 @@ import subprocess
 import sys
 import tomllib
 
-import flax.linen as nn
-import jax
 import numpy as np
 import pytest
 
-from codesign import search, zhen
-from codesign.config import load_config
 from codesign.errors import ConfigError
-from codesign.specs import MIXERS, ModelSpec
+from codesign.spec.config import load_config
+from codesign.spec.types import MIXERS, ModelSpec
+from codesign.zhen import counts, search
+from tests.reference import built_param_count
 
 CONFIG_HEAD = """
 [training_spec]
@@ -67,11 +66,6 @@ def brute_force_space(max_layers: int, slots: int, kinds: tuple[str, ...]) -> se
     return found
 
 
-def built_param_count(spec: ModelSpec) -> int:
-    shapes = jax.eval_shape(lambda: nn.meta.unbox(zhen.init_params(spec, jax.random.key(0))))
-    return sum(int(np.prod(leaf.shape)) for leaf in jax.tree.leaves(shapes))
-
-
 def test_space_size_of_the_issue():
     assert search.space_size(4, 12, 3) == 998_738
     assert search.space_size(4, 12, 4) == 13_528_268
@@ -100,7 +94,7 @@ def test_vectorised_params_equal_the_formula_on_a_whole_space():
                           uniform_kind=None, groups=(), seed=0)
     for block in search.space_blocks(space):
         vectorised = search.block_params(block, base, 0, block.size)
-        formula = [zhen.param_count(search.decode(block, i, base)) for i in range(block.size)]
+        formula = [counts.param_count(search.decode(block, i, base)) for i in range(block.size)]
         assert vectorised.tolist() == formula
 
 
@@ -135,9 +129,9 @@ def test_default_selection_holds_its_groups_and_no_repeats():
     assert choices[0].group == "base" and choices[0].spec == _base()
     assert groups == {"base": 1, "similar": 100, "1 layer": 20, "2 layers": 20, "3 layers": 20}
     assert len({search.spec_key(c.spec) for c in choices}) == len(choices)
-    base_params = zhen.param_count(_base())
+    base_params = counts.param_count(_base())
     for c in choices[1:]:
-        assert c.params == zhen.param_count(c.spec)
+        assert c.params == counts.param_count(c.spec)
         assert sum(map(len, c.spec.tokens)) == 12 and 1 <= c.spec.num_zhen_layers <= 4
         assert {m for layer in c.spec.tokens for m in layer} <= {"DOT", "LINEAR", "ATTENTION"}
         if c.group == "similar":

@@ -6,9 +6,11 @@ import sys
 import pytest
 
 from codesign.errors import StoreError
-from codesign.results import Outcome
-from codesign.specs import ClusterSpec, Job, ModelSpec, ParallelSpec, TrainingSpec
-from codesign.store import LEGACY_COLUMNS, SCHEMA_VERSION, STALE_AFTER, Store
+from codesign.outcome import Outcome
+from codesign.spec.types import ClusterSpec, Job, ModelSpec, ParallelSpec, TrainingSpec
+from codesign.store import schema
+from codesign.store.database import STALE_AFTER, Store
+from codesign.store.schema import LEGACY_COLUMNS, SCHEMA_VERSION
 
 JOB = Job(ModelSpec(4, 2, 1, 1, (("LINEAR",),)), ClusterSpec(1, 1, "NVLink", "cpu"), TrainingSpec(2, 2),
           ParallelSpec("dp", (1,), 1, False, (1, 1, 1)), 1, "cpu")
@@ -90,10 +92,8 @@ def test_two_orchestrators_never_claim_the_same_job(tmp_path):
 
 
 def test_a_version_1_db_is_migrated_in_place(tmp_path):
-    from codesign import store as store_module
-
     conn = sqlite3.connect(tmp_path / "r.db", isolation_level=None)
-    store_module.MIGRATIONS[0](conn)
+    schema.MIGRATIONS[0](conn)
     conn.execute("PRAGMA user_version = 1")
     conn.execute("INSERT INTO attempts (job_key, status, avg) VALUES ('old', 'succeeded', 2.5)")
     conn.close()

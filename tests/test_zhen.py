@@ -6,22 +6,18 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from codesign import zhen
-from codesign.specs import MIXERS, ModelSpec
+from codesign.spec.types import MIXERS, ModelSpec
+from codesign.zhen import counts, network
+from tests.reference import built_param_count
 
 SEED = ModelSpec(512, 160, 20, 4, (("ATTENTION", "LINEAR", "ATTENTION", "DOT"),) * 4)
 
 
-def built_param_count(spec: ModelSpec) -> int:
-    shapes = nn.meta.unbox(jax.eval_shape(lambda k: zhen.init_params(spec, k), jax.random.key(0)))
-    return sum(x.size for x in jax.tree.leaves(shapes))
-
-
 def matmul_flops(spec: ModelSpec, fold_dot: bool) -> int:
     """FLOPs of every dot_general and convolution in the forward jaxpr, per sample."""
-    params = nn.meta.unbox(jax.eval_shape(lambda k: zhen.init_params(spec, k), jax.random.key(0)))
+    params = nn.meta.unbox(jax.eval_shape(lambda k: network.init_params(spec, k), jax.random.key(0)))
     x = jax.ShapeDtypeStruct((1, spec.emb_dim, spec.num_features), jnp.float32)
-    jaxpr = jax.make_jaxpr(lambda p, x: zhen.forward(spec, p, x, fold_dot=fold_dot))(params, x)
+    jaxpr = jax.make_jaxpr(lambda p, x: network.forward(spec, p, x, fold_dot=fold_dot))(params, x)
     total = 0
 
     def walk(jx):
@@ -52,23 +48,23 @@ def random_spec(rng: random.Random) -> ModelSpec:
 
 
 def test_seed_model_has_independent_mixer_parameters():
-    assert zhen.param_count(SEED) == 156_790_400
+    assert counts.param_count(SEED) == 156_790_400
     assert built_param_count(SEED) == 156_790_400
 
 
 @pytest.mark.parametrize("seed", range(12))
 def test_analytical_counts_equal_the_built_model(seed):
     spec = random_spec(random.Random(seed))
-    assert zhen.param_count(spec) == built_param_count(spec)
-    assert zhen.forward_flops_per_sample(spec) == matmul_flops(spec, fold_dot=False)
-    assert zhen.forward_flops_per_sample(spec, fold_dot=True) == matmul_flops(spec, fold_dot=True)
+    assert counts.param_count(spec) == built_param_count(spec)
+    assert counts.forward_flops_per_sample(spec) == matmul_flops(spec, fold_dot=False)
+    assert counts.forward_flops_per_sample(spec, fold_dot=True) == matmul_flops(spec, fold_dot=True)
 
 
 def test_every_mixer_and_heterogeneous_layers_run():
     spec = ModelSpec(12, 6, 3, 3, (("DOT", "CONVOLUTION"), ("ATTENTION", "DOT"), ("LINEAR", "CONVOLUTION", "LINEAR")))
-    params = nn.meta.unbox(zhen.init_params(spec, jax.random.key(0)))
-    out = zhen.forward(spec, params, jnp.ones((5, 6, 12)))
-    assert out.shape == (5, zhen.output_width(spec)) == (5, 6 * 3 * 3)
+    params = nn.meta.unbox(network.init_params(spec, jax.random.key(0)))
+    out = network.forward(spec, params, jnp.ones((5, 6, 12)))
+    assert out.shape == (5, counts.output_width(spec)) == (5, 6 * 3 * 3)
     assert {k.split("_", 2)[2] for k in params["layer_1"] if k.startswith("mixer")} == {"attention", "dot"}
     assert "skip" in params["layer_1"] and "skip" not in params["layer_2"]  # S: 12 -> F_in 6; then 6 -> 6
     assert set(params) == {"layer_0", "layer_1", "layer_2"}
@@ -76,36 +72,36 @@ def test_every_mixer_and_heterogeneous_layers_run():
 
 def test_repeated_mixers_have_their_own_weights():
     spec = ModelSpec(8, 4, 2, 1, (("LINEAR", "LINEAR"),))
-    params = nn.meta.unbox(zhen.init_params(spec, jax.random.key(0)))["layer_0"]
+    params = nn.meta.unbox(network.init_params(spec, jax.random.key(0)))["layer_0"]
     a, b = params["mixer_0_linear"]["fc"]["kernel"], params["mixer_1_linear"]["fc"]["kernel"]
     assert not jnp.allclose(a, b)
 
 
 def test_folded_dot_is_the_same_function_with_half_the_fc1_work():
     spec = ModelSpec(24, 8, 3, 2, (("DOT", "LINEAR"), ("DOT", "DOT")))
-    params = nn.meta.unbox(zhen.init_params(spec, jax.random.key(1)))
+    params = nn.meta.unbox(network.init_params(spec, jax.random.key(1)))
     x = jax.random.normal(jax.random.key(2), (4, 8, 24))
 
     def loss(p, fold):
-        return jnp.mean(zhen.forward(spec, p, x, fold_dot=fold) ** 2)
+        return jnp.mean(network.forward(spec, p, x, fold_dot=fold) ** 2)
 
     (folded, g_folded), (plain, g_plain) = (jax.value_and_grad(loss)(params, f) for f in (True, False))
     assert abs(folded - plain) < 1e-5 * abs(plain)
     scale = max(float(jnp.max(jnp.abs(g))) for g in jax.tree.leaves(g_plain))
     for a, b in zip(jax.tree.leaves(g_folded), jax.tree.leaves(g_plain)):
         assert jnp.max(jnp.abs(a - b)) <= 1e-5 * scale
-    saved = zhen.forward_flops_per_sample(SEED) - zhen.forward_flops_per_sample(SEED, fold_dot=True)
+    saved = counts.forward_flops_per_sample(SEED) - counts.forward_flops_per_sample(SEED, fold_dot=True)
     below_diagonal = [f * (f - 1) // 2 for f in (512, 80, 80, 80)]  # one DOT mixer per layer
-    assert saved == sum(2 * n * zhen.DOT_HIDDEN for n in below_diagonal)
+    assert saved == sum(2 * n * counts.DOT_HIDDEN for n in below_diagonal)
 
 
 def test_bf16_keeps_no_fp32_copy_of_the_gram_matrix():
     spec = ModelSpec(64, 8, 2, 1, (("DOT",),))
-    params = nn.meta.unbox(jax.eval_shape(lambda k: zhen.init_params(spec, k), jax.random.key(0)))
+    params = nn.meta.unbox(jax.eval_shape(lambda k: network.init_params(spec, k), jax.random.key(0)))
     x = jax.ShapeDtypeStruct((4, 8, 64), jnp.bfloat16)
 
     def loss(p, x):
-        return jnp.mean(zhen.forward(spec, p, x, dtype=jnp.bfloat16).astype(jnp.float32) ** 2)
+        return jnp.mean(network.forward(spec, p, x, dtype=jnp.bfloat16).astype(jnp.float32) ** 2)
 
     jaxpr = jax.make_jaxpr(jax.grad(loss))(params, x)
     big = {64 * 64, 64 * 65 // 2}  # per-sample Gram entries, full and upper triangle

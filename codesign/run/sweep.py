@@ -17,11 +17,11 @@ from typing import Any, Protocol, Sequence
 from tqdm import tqdm
 
 from codesign.errors import PlanError
-from codesign.jobs import PlannedJob, job_timeout
-from codesign.plan import make_plan
-from codesign.results import INTERRUPTED, INVALID, Outcome
-from codesign.specs import Job
-from codesign.store import Store
+from codesign.outcome import INTERRUPTED, INVALID, Outcome
+from codesign.planner.plan import make_plan
+from codesign.spec.jobs import PlannedJob, job_timeout
+from codesign.spec.types import Job
+from codesign.store.database import Store
 
 log = logging.getLogger(__name__)
 HEARTBEAT_EVERY = 5.0

@@ -29,7 +29,8 @@ import numpy as np
 from tqdm import tqdm
 
 from codesign.errors import ConfigError
-from codesign.specs import MIXERS, ModelSpec
+from codesign.spec.types import MIXERS, ModelSpec
+from codesign.zhen import counts
 
 DEFAULT_KINDS = "DOT,LINEAR,ATTENTION"
 DEFAULT_BASE_TOKENS = "ATTENTION,LINEAR,ATTENTION,DOT"
@@ -121,14 +122,12 @@ def space_blocks(search: Search) -> list[Block]:
             for comp in compositions(search.slots, layers)]
 
 
-# Parameter counts, vectorised over a block (the same formula as zhen.layer_param_count).
+# Parameter counts, vectorised over a block (the same formulas as counts.layer_param_count).
 
 @functools.lru_cache(maxsize=None)
 def _mixer_totals(kinds: tuple[str, ...], n: int, f_in: int, out: int, emb: int) -> np.ndarray:
     """Mixer parameters of every multiset of n mixers reading f_in features."""
-    from codesign.zhen import mixer_params  # zhen imports jax; the CLI imports this module for its flags
-
-    weights = np.array([mixer_params(k, f_in, out, emb) for k in kinds], dtype=np.int64)
+    weights = np.array([counts.mixer_params(k, f_in, out, emb) for k in kinds], dtype=np.int64)
     return multisets(n, len(kinds)) @ weights
 
 
@@ -137,9 +136,8 @@ def block_layer_params(block: Block, base: ModelSpec) -> tuple[int, list[np.ndar
     feats, out, emb = base.num_features, base.output_per_emb, base.emb_dim
     shared, vectors = 0, []
     for i, n in enumerate(block.layers):
-        f_in = feats if i == 0 else block.layers[i - 1] * out
-        skip = feats if i <= 1 else block.layers[i - 2] * out
-        shared += (skip * f_in + f_in if i > 0 and skip != f_in else 0) + 2 * emb
+        f_in, skip = counts.feature_widths(feats, out, block.layers, i)
+        shared += counts.layer_shared_params(i, f_in, skip, emb)
         vectors.append(_mixer_totals(block.kinds, n, f_in, out, emb))
     return shared, vectors
 
@@ -171,8 +169,8 @@ def decode(block: Block, index: int, base: ModelSpec) -> ModelSpec:
     return ModelSpec(base.num_features, base.emb_dim, base.output_per_emb, len(tokens), tokens)
 
 
-def _layer_tokens(kinds: tuple[str, ...], counts: np.ndarray) -> tuple[str, ...]:
-    return tuple(kind for kind, count in zip(kinds, counts.tolist()) for _ in range(count))
+def _layer_tokens(kinds: tuple[str, ...], multiplicities: np.ndarray) -> tuple[str, ...]:
+    return tuple(kind for kind, count in zip(kinds, multiplicities.tolist()) for _ in range(count))
 
 
 def spec_key(spec: ModelSpec) -> tuple:
@@ -226,25 +224,23 @@ class Choice:
 
 def select(search: Search) -> list[Choice]:
     """The base spec, then each group's draws; deterministic for a seed, no model twice."""
-    from codesign.zhen import param_count  # lazily, as in _mixer_totals
-
-    base_params = param_count(search.base)
+    base_params = counts.param_count(search.base)
     blocks = space_blocks(search)
     _report(f"search space: {space_size(search.max_layers, search.slots, len(search.kinds)):,} "
             f"candidates (up to {search.max_layers} layers, {search.slots} slots, "
             f"kinds {', '.join(search.kinds)})")
     if search.num_layers or search.uniform_kind:
         _report(f"after --num-layers/--uniform-kind: {sum(b.size for b in blocks):,} candidates")
-    counts = _count_all(blocks, search, base_params)
+    passing = _count_all(blocks, search, base_params)
     rng = np.random.default_rng(search.seed)
     chosen = [Choice("base", search.base, base_params)]
     taken = {spec_key(search.base)}
     for g, group in enumerate(search.groups):
-        total = int(counts[:, g].sum())
+        total = int(passing[:, g].sum())
         # Up to len(taken) of the draws may repeat earlier choices; drawing that many more
         # keeps the group uniform over the passers not yet chosen.
         ranks = rng.choice(total, size=min(total, group.limit + len(taken)), replace=False).tolist()
-        picked = _decode_ranks(blocks, counts[:, g], ranks, group, search.base, base_params)
+        picked = _decode_ranks(blocks, passing[:, g], ranks, group, search.base, base_params)
         fresh = [r for r in ranks if spec_key(picked[r].spec) not in taken][:group.limit]
         chosen += [picked[r] for r in sorted(fresh)]  # drawn in random order, printed in space order
         taken.update(spec_key(picked[r].spec) for r in fresh)
@@ -254,23 +250,23 @@ def select(search: Search) -> list[Choice]:
 
 def _count_all(blocks: list[Block], search: Search, base_params: int) -> np.ndarray:
     """Passers per block (rows) and group (columns): the pass over the whole space."""
-    counts = np.zeros((len(blocks), len(search.groups)), dtype=np.int64)
+    passing = np.zeros((len(blocks), len(search.groups)), dtype=np.int64)
     with tqdm(total=sum(b.size for b in blocks), desc="model search", unit="cand", unit_scale=True,
               file=sys.stderr, disable=None, leave=False) as bar:
         for i, block in enumerate(blocks):
-            counts[i] = [count_passing(block, g, search.base, base_params) for g in search.groups]
+            passing[i] = [count_passing(block, g, search.base, base_params) for g in search.groups]
             bar.update(block.size)
-    return counts
+    return passing
 
 
-def _decode_ranks(blocks: list[Block], counts: np.ndarray, ranks: list[int], group: Group,
+def _decode_ranks(blocks: list[Block], passing: np.ndarray, ranks: list[int], group: Group,
                   base: ModelSpec, base_params: int) -> dict[int, Choice]:
     """The candidates of the group's passers numbered `ranks` (counted in space order)."""
-    ranks, ends = np.asarray(ranks, dtype=np.int64), np.cumsum(counts)
+    ranks, ends = np.asarray(ranks, dtype=np.int64), np.cumsum(passing)
     where = np.searchsorted(ends, ranks, side="right")
     picked = {}
     for b in np.unique(where):
-        block, first = blocks[b], ends[b] - counts[b]
+        block, first = blocks[b], ends[b] - passing[b]
         within = np.sort(ranks[where == b] - first)
         for rank, index in zip(within, passing_positions(block, group, within, base, base_params)):
             params = int(block_params(block, base, int(index), int(index) + 1)[0])

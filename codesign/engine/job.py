@@ -1,6 +1,6 @@
 """The job body: build ZHEN under a plan, compile, train num_iters steps, measure.
 
-Runs in its own process (`python -m codesign.runtime JOB.json OUTCOME.json`), with the
+Runs in its own process (`python -m codesign.engine.job JOB.json OUTCOME.json`), with the
 platform chosen through the environment before JAX starts; a multi-host job runs one such
 process per host, joined by jax.distributed (each writes its outcome; host 0's is kept). Everything it learns goes
 into an Outcome; the orchestrator records it.
@@ -15,85 +15,23 @@ import platform as pyplatform
 import sys
 import time
 import traceback
-from dataclasses import asdict, dataclass
-from typing import Any, Callable
+from dataclasses import asdict
+from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import optax
-from jax.sharding import NamedSharding, PartitionSpec as P
 
-from codesign import pipeline, programs
-from codesign.energy import open_energy_meter
+from codesign.engine import pipeline, programs
+from codesign.engine.energy import open_energy_meter
+from codesign.engine.programs import DoesNotFit, ensure_fits
+from codesign.engine.step import build_single_stage
 from codesign.errors import PlanError
-from codesign.plan import Plan, make_plan
-from codesign.results import FAILED, INVALID, OOM, SUCCEEDED, Outcome
-from codesign.specs import Job
+from codesign.outcome import FAILED, INVALID, OOM, SUCCEEDED, Outcome
+from codesign.planner.plan import Plan, make_plan
+from codesign.spec.types import Job
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class SingleStage:
-    """pp = 1: one fused program (micro-batches accumulated in a scan, one update) on one mesh."""
-
-    compiled: Callable  # (params, opt_state, xs, ys) -> (params, opt_state, loss)
-    value_and_grad: Callable  # jitted (params, xs, ys) -> (loss, grads)
-    state: tuple[Any, Any]  # (params, opt_state)
-    x: jax.Array
-    y: jax.Array
-    compile_time: float
-    memory: dict[str, Any]
-    shardings: tuple[dict[str, Any], ...]
-
-    def step(self) -> jax.Array:
-        params, opt_state, loss = self.compiled(*self.state, self.x, self.y)
-        self.state = (params, opt_state)
-        return loss
-
-    def gradients(self) -> tuple[jax.Array, dict]:
-        return self.value_and_grad(self.state[0], self.x, self.y)
-
-    def params(self) -> dict:
-        return self.state[0]
-
-
-def loss_fn(job: Job, groups: tuple[tuple[int, ...], ...], remat: bool) -> Callable:
-    """Mean squared error of ZHEN applied group by group, each group optionally rematerialised."""
-    apply = programs.apply_groups(job, groups, remat)
-
-    def loss(params, x, y):
-        _, out = apply(params, (x.astype(programs.DTYPES[job.training.precision]), None))
-        return programs.mse(out, y)
-
-    return loss
-
-
-def accumulate(loss: Callable, grad_shardings: Any = None) -> Callable:
-    """Loss and gradients averaged over micro-batches (leading axis), one sync per step.
-
-    With grad_shardings (ZeRO-2), each micro-batch's gradients are reduce-scattered into them.
-    """
-
-    def place(grads):
-        return grads if grad_shardings is None else jax.lax.with_sharding_constraint(grads, grad_shardings)
-
-    def value_and_grad(params, xs, ys):
-        if xs.shape[0] == 1:
-            value, grads = jax.value_and_grad(loss)(params, xs[0], ys[0])
-            return value, place(grads)
-
-        def body(acc, batch):
-            value, grads = jax.value_and_grad(loss)(params, *batch)
-            return jax.tree.map(jnp.add, acc, (value, place(grads))), None
-
-        zeros = (jnp.zeros((), jnp.float32), place(jax.tree.map(jnp.zeros_like, params)))
-        (value, grads), _ = jax.lax.scan(body, zeros, (xs, ys))
-        n = xs.shape[0]
-        return value / n, jax.tree.map(lambda g: g / n, grads)
-
-    return value_and_grad
 
 
 def build_training(job: Job, plan: Plan) -> programs.Training:
@@ -103,57 +41,6 @@ def build_training(job: Job, plan: Plan) -> programs.Training:
         ensure_fits(training.memory)
         return training
     return build_single_stage(job, plan)
-
-
-def build_single_stage(job: Job, plan: Plan) -> SingleStage:
-    """Shard parameters by the plan's rules, then lower and compile the step on abstract
-    arrays: a plan that cannot fit fails before anything is allocated on the devices."""
-    stage = plan.stages[0]
-    mesh = programs.stage_mesh(stage)
-    shardings = programs.param_shardings(job, plan, stage, mesh)
-    abstract = programs.abstract_params(job, stage)
-    grad_shardings = programs.gradient_shardings(plan, shardings, abstract)
-    optimizer = optax.adam(job.training.learning_rate)
-    opt_shardings = programs.optimizer_shardings(optimizer, abstract, grad_shardings, mesh)
-    batch = programs.batch_sharding(mesh, plan, leading=1)
-    grad_fn = accumulate(loss_fn(job, stage.groups, plan.remat),
-                         grad_shardings if plan.reduce_scatter else None)
-
-    def step(params, opt_state, xs, ys):
-        loss, grads = grad_fn(params, xs, ys)
-        updates, opt_state = optimizer.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, loss
-
-    state = (abstract, jax.eval_shape(optimizer.init, abstract))
-    start = time.perf_counter()
-    compiled = jax.jit(step, donate_argnums=(0, 1),
-                       out_shardings=(shardings, opt_shardings, NamedSharding(mesh, P()))
-                       ).lower(*_placed(state, (shardings, opt_shardings)),
-                               *_placed(programs.batch_shapes(job, plan.num_micro_batches), (batch, batch))
-                               ).compile()
-    compile_time = time.perf_counter() - start
-    memory = programs.compiled_memory(compiled)
-    ensure_fits(memory)
-    params, opt_state = programs.init_state(job, stage, optimizer, (shardings, opt_shardings))
-    x, y = programs.synthetic_batch(job, plan.num_micro_batches, batch, batch)
-    return SingleStage(compiled, jax.jit(grad_fn), (params, opt_state), x, y, compile_time, memory,
-                       (programs.describe_shardings(shardings, grad_shardings),))
-
-
-def _placed(shapes: Any, shardings: Any) -> Any:
-    return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), shapes, shardings)
-
-
-class DoesNotFit(Exception):
-    """The compiled iteration needs more memory per device than the device has."""
-
-
-def ensure_fits(memory: dict[str, Any]) -> None:
-    stats = jax.local_devices()[0].memory_stats() or {}
-    limit, need = stats.get("bytes_limit"), memory.get("peak")
-    if limit and need and need > limit:
-        raise DoesNotFit(f"the compiled step needs {need / 2**30:.2f} GiB per device, the device has "
-                         f"{limit / 2**30:.2f} GiB: raise op or pp, add micro-batches or remat")
 
 
 def train_steps(training: programs.Training, steps: int) -> tuple[list[float], list[float]]:

@@ -18,13 +18,17 @@ from typing import Any, Sequence
 
 import ray
 from ray.exceptions import RayActorError, RayError
-from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
+from ray.util.placement_group import (
+    PlacementGroup,
+    placement_group,
+    remove_placement_group,
+)
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from codesign.errors import UserError
-from codesign.executor import JobProcess, job_env
-from codesign.results import FAILED, INTERRUPTED, SUCCEEDED, TIMEOUT, Outcome
-from codesign.specs import Job
+from codesign.outcome import FAILED, INTERRUPTED, SUCCEEDED, TIMEOUT, Outcome
+from codesign.run.local import JobProcess, job_env
+from codesign.spec.types import Job
 
 log = logging.getLogger(__name__)
 STOP_GRACE = 10.0  # seconds the actors get to kill their job bodies before they are killed
@@ -119,7 +123,7 @@ class RayRun:
 class RayExecutor:
     """Each job as a placement group of per-host actors on the connected Ray cluster."""
 
-    def __init__(self, cache_dir: str | None = None, job_module: str = "codesign.runtime"):
+    def __init__(self, cache_dir: str | None = None, job_module: str = "codesign.engine.job"):
         self.cache_dir = cache_dir
         self.job_module = job_module
 

@@ -12,7 +12,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 
-from codesign.specs import ClusterSpec
+from codesign.spec.types import ClusterSpec
 
 _PROBE = "import jax; print(len(jax.devices('gpu')))"
 

@@ -9,12 +9,12 @@ from pathlib import Path
 import pandas as pd
 
 from codesign.errors import StoreError
-from codesign.results import RUNNING, SUCCEEDED
-from codesign.store import Store
+from codesign.outcome import FINAL_STATUSES, SUCCEEDED
+from codesign.store.database import Store
 
 SELECTIONS = {
-    "all": ("status != ?", (RUNNING,)),  # every finished attempt, with a result or an error
-    "succeeded": ("status = ?", (SUCCEEDED,)),
+    "all": FINAL_STATUSES,  # every finished attempt, with a result or an error
+    "succeeded": (SUCCEEDED,),
 }
 
 
@@ -24,9 +24,7 @@ def export_csv(db: str | Path, out: str | Path, which: str) -> int:
         raise StoreError(f"{db}: no results DB here; run codesign first")
     store = Store(db, read_only=True)
     try:
-        where, params = SELECTIONS[which]
-        frame = pd.read_sql_query(f"SELECT * FROM attempts WHERE {where} ORDER BY id", store.conn,
-                                  params=params)
+        frame = pd.DataFrame(store.attempts(SELECTIONS[which]), columns=store.attempt_columns())
     finally:
         store.close()
     frame.to_csv(out, index=False)
@@ -34,7 +32,7 @@ def export_csv(db: str | Path, out: str | Path, which: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m codesign.export", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m codesign.store.export", description=__doc__)
     parser.add_argument("which", choices=sorted(SELECTIONS))
     parser.add_argument("-d", "--db", default="results.db")
     parser.add_argument("-o", "--out", help="CSV path (default results_<which>.csv)")

@@ -12,11 +12,21 @@ from pathlib import Path
 from typing import Any
 
 from codesign.errors import ConfigError
-from codesign.specs import (AUTO_SEARCH, MIXERS, PLATFORMS, PRECISIONS, SCHEDULES,
-                            SHARDING_OPTIONS, TRANSPORTS, ClusterSpec, ModelSpec,
-                            ParallelSpec, TrainingSpec)
+from codesign.spec.types import (
+    AUTO_SEARCH,
+    MIXERS,
+    PLATFORMS,
+    PRECISIONS,
+    SCHEDULES,
+    SHARDING_OPTIONS,
+    TRANSPORTS,
+    ClusterSpec,
+    ModelSpec,
+    ParallelSpec,
+    TrainingSpec,
+)
 
-DEFAULT_CONFIG = Path(__file__).parent / "models" / "config.toml"
+DEFAULT_CONFIG = Path(__file__).parents[1] / "models" / "config.toml"
 PP_DP_OP = "(pp, dp, op)"
 
 

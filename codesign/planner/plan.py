@@ -12,9 +12,9 @@ from typing import Any
 
 import numpy as np
 
-from codesign import zhen
 from codesign.errors import PlanError
-from codesign.specs import Job
+from codesign.spec.types import Job
+from codesign.zhen import counts
 
 MESH_AXES = ("dp", "op")
 
@@ -85,7 +85,7 @@ def layer_groups(job: Job) -> tuple[tuple[int, ...], ...]:
     groups, layers = job.parallel.num_auto_layers, job.model.num_zhen_layers
     if groups > layers:
         raise PlanError(f"num_auto_layers = {groups} layer groups, but the model has only {layers} layers")
-    costs = [zhen.layer_flops(job.model, i) for i in range(layers)]
+    costs = [counts.layer_flops(job.model, i) for i in range(layers)]
     return balanced_groups(costs, groups)
 
 

@@ -1,4 +1,4 @@
-"""The ZHEN model of DESIGN.md, in Flax, with analytical parameter and FLOP counts.
+"""The ZHEN model of DESIGN.md, in Flax (its analytical counts live apart, in `counts`).
 
 The model is a chain of blocks `layer_i`, each carrying (layer input, layer output)
 forward, so a plan can cut it into contiguous layer groups (pipeline stages, remat
@@ -16,21 +16,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from codesign.specs import ModelSpec
-
-DOT_HIDDEN = 512
-FFN_HIDDEN = 2048
-CONV_KERNEL = 5
+from codesign.spec.types import ModelSpec
+from codesign.zhen.counts import CONV_KERNEL, DOT_HIDDEN, FFN_HIDDEN, layer_widths
 
 Carry = tuple[jax.Array, jax.Array | None]
-
-
-def layer_widths(spec: ModelSpec, i: int) -> tuple[int, int]:
-    """(F_in(i), S(i)): the layer's input feature width and its skip input width."""
-    o = spec.output_per_emb
-    f_in = spec.num_features if i == 0 else len(spec.tokens[i - 1]) * o
-    skip = spec.num_features if i <= 1 else len(spec.tokens[i - 2]) * o
-    return f_in, skip
 
 
 def _dense(features: int, axes: tuple[str | None, str | None], dtype, name: str,
@@ -171,10 +160,6 @@ class ZhenBlock(nn.Module):
         return z, out.transpose(0, 2, 1)
 
 
-def blocks(spec: ModelSpec, dtype=jnp.float32) -> list[ZhenBlock]:
-    return [ZhenBlock(spec, i, dtype) for i in range(spec.num_zhen_layers)]
-
-
 def init_params(spec: ModelSpec, key: jax.Array, batch: int = 1, layers: Sequence[int] | None = None) -> dict:
     """Boxed (logically partitioned) parameters {layer_i: ...} of all layers, or of `layers` alone
     (a pipeline stage) with the same values; use under jax.eval_shape for shapes."""
@@ -203,69 +188,3 @@ def forward(spec: ModelSpec, params: dict, x: jax.Array, dtype=jnp.float32,
             fold_dot: bool = True) -> jax.Array:
     _, out = apply_layers(spec, params, (x, None), range(spec.num_zhen_layers), dtype, fold_dot)
     return out.reshape(out.shape[0], -1)
-
-
-def output_width(spec: ModelSpec) -> int:
-    return spec.emb_dim * len(spec.tokens[-1]) * spec.output_per_emb
-
-
-# Analytical counts: no arrays, so the model search can price millions of candidates.
-
-def mixer_params(kind: str, f_in: int, out: int, emb: int) -> int:
-    fc = f_in * out + out
-    if kind == "DOT":
-        return f_in * f_in * DOT_HIDDEN + DOT_HIDDEN + DOT_HIDDEN * out * emb + out * emb
-    if kind == "LINEAR":
-        return fc
-    if kind == "ATTENTION":
-        return fc + encoder_params(emb)
-    return fc + CONV_KERNEL * CONV_KERNEL + 1
-
-
-def encoder_params(emb: int) -> int:
-    return 3 * emb * emb + emb * emb + emb + 2 * emb * FFN_HIDDEN + FFN_HIDDEN + emb + 4 * emb
-
-
-def layer_param_count(spec: ModelSpec, i: int) -> int:
-    f_in, skip = layer_widths(spec, i)
-    o, d = spec.output_per_emb, spec.emb_dim
-    proj = skip * f_in + f_in if (i > 0 and skip != f_in) else 0
-    return proj + sum(mixer_params(m, f_in, o, d) for m in spec.tokens[i]) + 2 * d
-
-
-def param_count(spec: ModelSpec) -> int:
-    return sum(layer_param_count(spec, i) for i in range(spec.num_zhen_layers))
-
-
-def mixer_flops(kind: str, f_in: int, out: int, emb: int, fold_dot: bool = False) -> int:
-    """Forward matmul and convolution FLOPs (2 per multiply-add) of one mixer, per sample.
-
-    By default the model's own FLOPs (the DOT mixer's FC over all F_in^2 pairs), what
-    throughput figures are quoted in; fold_dot=True counts what the folded DOT executes.
-    """
-    fc = 2 * emb * f_in * out
-    if kind == "DOT":
-        pairs = f_in * (f_in + 1) // 2 if fold_dot else f_in * f_in
-        return 2 * emb * f_in * f_in + 2 * pairs * DOT_HIDDEN + 2 * DOT_HIDDEN * out * emb
-    if kind == "LINEAR":
-        return fc
-    if kind == "ATTENTION":
-        attention = 2 * out * emb * 3 * emb + 2 * 2 * out * out * emb + 2 * out * emb * emb
-        return fc + attention + 2 * 2 * out * emb * FFN_HIDDEN
-    return fc + 2 * CONV_KERNEL * CONV_KERNEL * emb * f_in
-
-
-def layer_flops(spec: ModelSpec, i: int, fold_dot: bool = False) -> int:
-    f_in, skip = layer_widths(spec, i)
-    o, d = spec.output_per_emb, spec.emb_dim
-    proj = 2 * d * skip * f_in if (i > 0 and skip != f_in) else 0
-    return proj + sum(mixer_flops(m, f_in, o, d, fold_dot) for m in spec.tokens[i])
-
-
-def forward_flops_per_sample(spec: ModelSpec, fold_dot: bool = False) -> int:
-    return sum(layer_flops(spec, i, fold_dot) for i in range(spec.num_zhen_layers))
-
-
-def train_flops_per_sample(spec: ModelSpec) -> int:
-    """Forward plus backward (twice the forward), the usual 3x estimate."""
-    return 3 * forward_flops_per_sample(spec)

@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Any, Iterator
 
-from codesign.config import Config
-from codesign.devices import Hosts, resolve_platform
-from codesign.specs import ClusterSpec, Job, ParallelSpec
+from codesign.spec.config import Config
+from codesign.spec.hosts import Hosts, resolve_platform
+from codesign.spec.types import ClusterSpec, Job, ParallelSpec
 
-KEY_VERSION = 1
+KEY_VERSION = 2  # 2: optional fields at their defaults left out (schema v3 re-keys older DBs)
 
 
 @dataclass(frozen=True)
@@ -47,14 +48,22 @@ def enumerate_jobs(config: Config, hosts: Hosts) -> Iterator[PlannedJob]:
 
 
 def job_key(job: Job) -> str:
-    """sha256 of the canonical JSON of what the job runs (declared platform and list of
-    micro-batch values excluded: they choose jobs, they are not part of one)."""
-    data = job.to_dict()
-    data["cluster"].pop("platform")
-    data["parallel"].pop("num_micro_batches")
-    data["key_version"] = KEY_VERSION
+    """sha256 of the job's canonical JSON: what it runs, with optional fields at their defaults
+    left out, so that adding an optional spec field later does not re-key existing DBs. The
+    declared platform and the list of micro-batch values choose jobs; they are not part of one."""
+    data = {"model": _declared(job.model), "cluster": _declared(job.cluster, "platform"),
+            "training": _declared(job.training), "parallel": _declared(job.parallel, "num_micro_batches"),
+            "num_micro_batches": job.num_micro_batches, "platform": job.platform,
+            "key_version": KEY_VERSION}
     canonical = json.dumps(data, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def _declared(spec: Any, *excluded: str) -> dict[str, Any]:
+    """A spec's fields, less the excluded ones and the optional ones left at their defaults."""
+    return {f.name: getattr(spec, f.name) for f in dataclasses.fields(spec)
+            if f.name not in excluded
+            and (f.default is dataclasses.MISSING or getattr(spec, f.name) != f.default)}
 
 
 def job_timeout(job: Job, manual_timeout: float) -> float:

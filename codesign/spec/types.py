@@ -118,6 +118,7 @@ class Job:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Job:
+        """The job of to_dict(); other keys (all_configs also holds the plan and losses) are ignored."""
         return cls(model=_model_from_dict(data["model"]),
                    cluster=ClusterSpec(**data["cluster"]),
                    training=TrainingSpec(**data["training"]),

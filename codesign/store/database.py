@@ -5,7 +5,7 @@ claimed as `running` atomically (two orchestrators never run one job at once), a
 only a running attempt can be closed. A running attempt whose orchestrator is gone
 (dead pid on this host, or a heartbeat older than STALE_AFTER by the DB's clock)
 becomes `interrupted`. The schema version lives in PRAGMA user_version, and older
-DBs are brought forward by the ordered MIGRATIONS.
+DBs are brought forward by the ordered migrations of `schema`.
 """
 
 from __future__ import annotations
@@ -18,64 +18,24 @@ import socket
 import sqlite3
 import uuid
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Iterable, Iterator
 
 import psutil
 
 from codesign.errors import StoreError
-from codesign.results import FINAL_STATUSES, INTERRUPTED, METRIC_COLUMNS, RUNNING, SUCCEEDED, Outcome
-from codesign.specs import Job
+from codesign.outcome import (
+    FINAL_STATUSES,
+    INTERRUPTED,
+    METRIC_COLUMNS,
+    RUNNING,
+    SUCCEEDED,
+    Outcome,
+)
+from codesign.spec.types import Job
+from codesign.store.schema import MIGRATIONS, SCHEMA_VERSION
 
 STALE_AFTER = 120.0  # seconds without a heartbeat before another host's attempt counts as dead
 NOW = "((julianday('now') - 2440587.5) * 86400.0)"  # the DB clock, in unix seconds
-
-LEGACY_COLUMNS = (
-    "datetime", "job_duration", "trail_uuid", "num_zhen_layers", "token_mixer", "input_features",
-    "emb_dimensions", "output_per_ensemble", "num_nodes", "gpus_per_node", "transport",
-    "input_batch_size", "avg_batch_size_per_gpu", "num_iters", "description", "num_micro_batches",
-    "num_auto_layers", "pp_dp_op", "physical_mesh_shapes", "host_ids", "device_ids", "remat_layer",
-    "avg", "median", "p90", "max_memory", "error", "all_configs")
-
-_V1 = f"""
-CREATE TABLE attempts (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    job_key TEXT NOT NULL,
-    status TEXT NOT NULL CHECK (status IN ('{RUNNING}', {", ".join(f"'{s}'" for s in FINAL_STATUSES)})),
-    datetime TEXT, job_duration REAL, trail_uuid TEXT,
-    num_zhen_layers INTEGER, token_mixer TEXT, input_features INTEGER, emb_dimensions INTEGER,
-    output_per_ensemble INTEGER, num_nodes INTEGER, gpus_per_node INTEGER, transport TEXT,
-    input_batch_size INTEGER, avg_batch_size_per_gpu INTEGER, num_iters INTEGER,
-    description TEXT, num_micro_batches INTEGER, num_auto_layers INTEGER, pp_dp_op TEXT,
-    physical_mesh_shapes TEXT, host_ids TEXT, device_ids TEXT, remat_layer INTEGER,
-    avg REAL, median REAL, p90 REAL, max_memory INTEGER, error TEXT, all_configs TEXT,
-    throughput REAL, compile_time REAL, predicted_time REAL, predicted_memory INTEGER,
-    platform TEXT, device_kind TEXT, versions TEXT,
-    host TEXT, pid INTEGER, started_at REAL, heartbeat REAL, finished_at REAL
-);
-CREATE INDEX attempts_by_key ON attempts (job_key, status);
-"""
-
-
-
-def _execute_script(conn: sqlite3.Connection, script: str) -> None:
-    """Statement by statement: executescript would commit the migration's transaction."""
-    for statement in script.split(";"):
-        if statement.strip():
-            conn.execute(statement)
-
-
-_V2 = """
-ALTER TABLE attempts ADD COLUMN precision TEXT;
-ALTER TABLE attempts ADD COLUMN energy_per_iter REAL;
-UPDATE attempts SET precision = 'fp32'
-"""
-
-MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [
-    lambda conn: _execute_script(conn, _V1),
-    lambda conn: _execute_script(conn, _V2),  # precision and GPU energy; older rows ran fp32
-]
-SCHEMA_VERSION = len(MIGRATIONS)
-
 
 class Store:
     def __init__(self, path: str | Path, read_only: bool = False):
@@ -201,9 +161,18 @@ class Store:
 
     # -- reading ---------------------------------------------------------------------------
 
-    def attempts(self, where: str = "", params: tuple = ()) -> list[dict[str, Any]]:
-        sql = "SELECT * FROM attempts" + (f" WHERE {where}" if where else "") + " ORDER BY id"
-        return [dict(r) for r in self.conn.execute(sql, params)]
+    def attempts(self, statuses: Iterable[str] | None = None) -> list[dict[str, Any]]:
+        """Every attempt (or those in the given statuses), oldest first, as column -> value."""
+        if statuses is None:
+            rows = self.conn.execute("SELECT * FROM attempts ORDER BY id")
+        else:
+            wanted = tuple(statuses)
+            marks = ", ".join("?" for _ in wanted)
+            rows = self.conn.execute(f"SELECT * FROM attempts WHERE status IN ({marks}) ORDER BY id", wanted)
+        return [dict(r) for r in rows]
+
+    def attempt_columns(self) -> list[str]:
+        return [r[1] for r in self.conn.execute("PRAGMA table_info(attempts)")]
 
 
 def _alive(pid: int | None) -> bool:

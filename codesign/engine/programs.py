@@ -15,11 +15,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
-from codesign import zhen
-from codesign.plan import MESH_AXES, Plan, StagePlan
-from codesign.specs import Job
+from codesign.planner.plan import MESH_AXES, Plan, StagePlan
+from codesign.spec.types import Job
+from codesign.zhen import counts, network
 
 DTYPES = {"fp32": jnp.float32, "bf16": jnp.bfloat16}
 
@@ -51,10 +52,11 @@ def batch_sharding(mesh: Mesh, plan: Plan, leading: int = 0) -> NamedSharding:
     return NamedSharding(mesh, P(*([None] * leading), plan.batch_axis))
 
 
-def param_shardings(job: Job, plan: Plan, stage: StagePlan, mesh: Mesh) -> dict:
-    """The stage's parameter shardings from the rules table, derived from abstract shapes."""
-    boxed = jax.eval_shape(lambda k: zhen.init_params(job.model, k, layers=stage.layers), jax.random.key(0))
-    return nn.logical_to_mesh_sharding(nn.get_partition_spec(boxed), mesh, plan.rules)
+def stage_parameters(job: Job, plan: Plan, stage: StagePlan, mesh: Mesh) -> tuple[dict, dict]:
+    """The stage's abstract parameters and their shardings from the rules table, both derived
+    from one abstract initialisation (nothing allocated)."""
+    boxed = jax.eval_shape(lambda k: network.init_params(job.model, k, layers=stage.layers), jax.random.key(0))
+    return nn.meta.unbox(boxed), nn.logical_to_mesh_sharding(nn.get_partition_spec(boxed), mesh, plan.rules)
 
 
 def init_state(job: Job, stage: StagePlan, optimizer: optax.GradientTransformation,
@@ -63,7 +65,7 @@ def init_state(job: Job, stage: StagePlan, optimizer: optax.GradientTransformati
     plan), Adam's state and, when three shardings are given, a zeroed gradient accumulator."""
 
     def init(key):
-        params = nn.meta.unbox(zhen.init_params(job.model, key, layers=stage.layers))
+        params = nn.meta.unbox(network.init_params(job.model, key, layers=stage.layers))
         state = (params, optimizer.init(params), jax.tree.map(jnp.zeros_like, params))
         return state[:len(shardings)]
 
@@ -88,11 +90,6 @@ def gradient_shardings(plan: Plan, shardings: dict, params: dict) -> dict:
     if not plan.reduce_scatter:
         return shardings
     return jax.tree.map(lambda s, p: zero_sharding(s, p.shape), shardings, params)
-
-
-def abstract_params(job: Job, stage: StagePlan) -> dict:
-    return nn.meta.unbox(jax.eval_shape(lambda k: zhen.init_params(job.model, k, layers=stage.layers),
-                                        jax.random.key(0)))
 
 
 def optimizer_shardings(optimizer: optax.GradientTransformation, params: dict, grad_shardings: dict,
@@ -133,7 +130,7 @@ def batch_shapes(job: Job, micro_batches: int) -> tuple[jax.ShapeDtypeStruct, ja
     m, b = job.model, job.global_batch
     per = (micro_batches, b // micro_batches)
     return (jax.ShapeDtypeStruct((*per, m.emb_dim, m.num_features), jnp.float32),
-            jax.ShapeDtypeStruct((*per, zhen.output_width(m)), jnp.float32))
+            jax.ShapeDtypeStruct((*per, counts.output_width(m)), jnp.float32))
 
 
 def synthetic_batch(job: Job, micro_batches: int, x_sharding: NamedSharding,
@@ -147,7 +144,7 @@ def synthetic_batch(job: Job, micro_batches: int, x_sharding: NamedSharding,
         return x.reshape(micro_batches, b // micro_batches, *x.shape[1:])
 
     def targets():
-        y = jax.random.normal(ky, (b, zhen.output_width(m)), jnp.float32)
+        y = jax.random.normal(ky, (b, counts.output_width(m)), jnp.float32)
         return y.reshape(micro_batches, b // micro_batches, -1)
 
     return jax.jit(inputs, out_shardings=x_sharding)(), jax.jit(targets, out_shardings=y_sharding)()
@@ -158,7 +155,7 @@ def apply_groups(job: Job, groups: tuple[tuple[int, ...], ...], remat: bool):
     dtype = DTYPES[job.training.precision]
 
     def apply_group(layers, params, carry):
-        return zhen.apply_layers(job.model, params, carry, layers, dtype)
+        return network.apply_layers(job.model, params, carry, layers, dtype)
 
     run = jax.checkpoint(apply_group, static_argnums=0) if remat else apply_group
 
@@ -173,3 +170,15 @@ def apply_groups(job: Job, groups: tuple[tuple[int, ...], ...], remat: bool):
 def mse(out: jax.Array, y: jax.Array) -> jax.Array:
     out = out.astype(jnp.float32)
     return jnp.mean((out.reshape(out.shape[0], -1) - y) ** 2)
+
+
+class DoesNotFit(Exception):
+    """The compiled iteration needs more memory per device than the device has."""
+
+
+def ensure_fits(memory: dict[str, Any]) -> None:
+    stats = jax.local_devices()[0].memory_stats() or {}
+    limit, need = stats.get("bytes_limit"), memory.get("peak")
+    if limit and need and need > limit:
+        raise DoesNotFit(f"the compiled step needs {need / 2**30:.2f} GiB per device, the device has "
+                         f"{limit / 2**30:.2f} GiB: raise op or pp, add micro-batches or remat")

@@ -20,8 +20,8 @@ import time
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from codesign.results import FAILED, INTERRUPTED, TIMEOUT, Outcome
-from codesign.specs import Job
+from codesign.outcome import FAILED, INTERRUPTED, TIMEOUT, Outcome
+from codesign.spec.types import Job
 
 log = logging.getLogger(__name__)
 POLL_EVERY = 0.05  # seconds between looks at running children
@@ -124,7 +124,7 @@ class LocalRun:
 class LocalExecutor:
     """Each job in a fresh subprocess on this machine."""
 
-    def __init__(self, cache_dir: str | None = None, job_module: str = "codesign.runtime"):
+    def __init__(self, cache_dir: str | None = None, job_module: str = "codesign.engine.job"):
         self.cache_dir = cache_dir
         self.job_module = job_module  # `python -m MODULE JOB.json OUTCOME.json` runs the job body
 

@@ -1,0 +1,121 @@
+"""pp = 1: one fused program on one (dp, op) mesh, micro-batches accumulated in a scan.
+
+The step is lowered and compiled on abstract arrays first, so a plan that cannot fit fails
+before anything is allocated on the devices.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import optax
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from codesign.engine import programs
+from codesign.planner.plan import Plan
+from codesign.spec.types import Job
+
+
+@dataclass
+class SingleStage:
+    """pp = 1: one fused program (micro-batches accumulated in a scan, one update) on one mesh."""
+
+    compiled: Callable  # (params, opt_state, xs, ys) -> (params, opt_state, loss)
+    value_and_grad: Callable  # jitted (params, xs, ys) -> (loss, grads)
+    state: tuple[Any, Any]  # (params, opt_state)
+    x: jax.Array
+    y: jax.Array
+    compile_time: float
+    memory: dict[str, Any]
+    shardings: tuple[dict[str, Any], ...]
+
+    def step(self) -> jax.Array:
+        params, opt_state, loss = self.compiled(*self.state, self.x, self.y)
+        self.state = (params, opt_state)
+        return loss
+
+    def gradients(self) -> tuple[jax.Array, dict]:
+        return self.value_and_grad(self.state[0], self.x, self.y)
+
+    def params(self) -> dict:
+        return self.state[0]
+
+
+def loss_fn(job: Job, groups: tuple[tuple[int, ...], ...], remat: bool) -> Callable:
+    """Mean squared error of ZHEN applied group by group, each group optionally rematerialised."""
+    apply = programs.apply_groups(job, groups, remat)
+
+    def loss(params, x, y):
+        _, out = apply(params, (x.astype(programs.DTYPES[job.training.precision]), None))
+        return programs.mse(out, y)
+
+    return loss
+
+
+def accumulate(loss: Callable, grad_shardings: Any = None) -> Callable:
+    """Loss and gradients averaged over micro-batches (leading axis), one sync per step.
+
+    With grad_shardings (ZeRO-2), each micro-batch's gradients are reduce-scattered into them.
+    """
+
+    def place(grads):
+        return grads if grad_shardings is None else jax.lax.with_sharding_constraint(grads, grad_shardings)
+
+    def value_and_grad(params, xs, ys):
+        if xs.shape[0] == 1:
+            value, grads = jax.value_and_grad(loss)(params, xs[0], ys[0])
+            return value, place(grads)
+
+        def body(acc, batch):
+            value, grads = jax.value_and_grad(loss)(params, *batch)
+            return jax.tree.map(jnp.add, acc, (value, place(grads))), None
+
+        zeros = (jnp.zeros((), jnp.float32), place(jax.tree.map(jnp.zeros_like, params)))
+        (value, grads), _ = jax.lax.scan(body, zeros, (xs, ys))
+        n = xs.shape[0]
+        return value / n, jax.tree.map(lambda g: g / n, grads)
+
+    return value_and_grad
+
+
+def build_single_stage(job: Job, plan: Plan) -> SingleStage:
+    """Shard parameters by the plan's rules, then lower and compile the step on abstract
+    arrays: a plan that cannot fit fails before anything is allocated on the devices."""
+    stage = plan.stages[0]
+    mesh = programs.stage_mesh(stage)
+    abstract, shardings = programs.stage_parameters(job, plan, stage, mesh)
+    grad_shardings = programs.gradient_shardings(plan, shardings, abstract)
+    optimizer = optax.adam(job.training.learning_rate)
+    opt_shardings = programs.optimizer_shardings(optimizer, abstract, grad_shardings, mesh)
+    batch = programs.batch_sharding(mesh, plan, leading=1)
+    grad_fn = accumulate(loss_fn(job, stage.groups, plan.remat),
+                         grad_shardings if plan.reduce_scatter else None)
+
+    def step(params, opt_state, xs, ys):
+        loss, grads = grad_fn(params, xs, ys)
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    state = (abstract, jax.eval_shape(optimizer.init, abstract))
+    start = time.perf_counter()
+    compiled = jax.jit(step, donate_argnums=(0, 1),
+                       out_shardings=(shardings, opt_shardings, NamedSharding(mesh, P()))
+                       ).lower(*_placed(state, (shardings, opt_shardings)),
+                               *_placed(programs.batch_shapes(job, plan.num_micro_batches), (batch, batch))
+                               ).compile()
+    compile_time = time.perf_counter() - start
+    memory = programs.compiled_memory(compiled)
+    programs.ensure_fits(memory)
+    params, opt_state = programs.init_state(job, stage, optimizer, (shardings, opt_shardings))
+    x, y = programs.synthetic_batch(job, plan.num_micro_batches, batch, batch)
+    return SingleStage(compiled, jax.jit(grad_fn), (params, opt_state), x, y, compile_time, memory,
+                       (programs.describe_shardings(shardings, grad_shardings),))
+
+
+def _placed(shapes: Any, shardings: Any) -> Any:
+    return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), shapes, shardings)

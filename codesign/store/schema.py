@@ -1,0 +1,73 @@
+"""The attempts table and its history: each migration brings a DB one schema version forward.
+
+A migration is a list of SQL statements run in order inside the store's opening transaction
+(never a script split on ";"). The version reached is kept in PRAGMA user_version.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from typing import Callable
+
+from codesign.outcome import FINAL_STATUSES, RUNNING
+from codesign.spec.jobs import job_key
+from codesign.spec.types import Job
+
+Migration = Callable[[sqlite3.Connection], None]
+
+LEGACY_COLUMNS = (
+    "datetime", "job_duration", "trail_uuid", "num_zhen_layers", "token_mixer", "input_features",
+    "emb_dimensions", "output_per_ensemble", "num_nodes", "gpus_per_node", "transport",
+    "input_batch_size", "avg_batch_size_per_gpu", "num_iters", "description", "num_micro_batches",
+    "num_auto_layers", "pp_dp_op", "physical_mesh_shapes", "host_ids", "device_ids", "remat_layer",
+    "avg", "median", "p90", "max_memory", "error", "all_configs")
+
+_STATUSES = ", ".join(f"'{s}'" for s in (RUNNING, *FINAL_STATUSES))
+
+V1_ATTEMPTS = [f"""
+CREATE TABLE attempts (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    job_key TEXT NOT NULL,
+    status TEXT NOT NULL CHECK (status IN ({_STATUSES})),
+    datetime TEXT, job_duration REAL, trail_uuid TEXT,
+    num_zhen_layers INTEGER, token_mixer TEXT, input_features INTEGER, emb_dimensions INTEGER,
+    output_per_ensemble INTEGER, num_nodes INTEGER, gpus_per_node INTEGER, transport TEXT,
+    input_batch_size INTEGER, avg_batch_size_per_gpu INTEGER, num_iters INTEGER,
+    description TEXT, num_micro_batches INTEGER, num_auto_layers INTEGER, pp_dp_op TEXT,
+    physical_mesh_shapes TEXT, host_ids TEXT, device_ids TEXT, remat_layer INTEGER,
+    avg REAL, median REAL, p90 REAL, max_memory INTEGER, error TEXT, all_configs TEXT,
+    throughput REAL, compile_time REAL, predicted_time REAL, predicted_memory INTEGER,
+    platform TEXT, device_kind TEXT, versions TEXT,
+    host TEXT, pid INTEGER, started_at REAL, heartbeat REAL, finished_at REAL
+)""", "CREATE INDEX attempts_by_key ON attempts (job_key, status)"]
+
+V2_PRECISION_ENERGY = [  # older rows ran fp32
+    "ALTER TABLE attempts ADD COLUMN precision TEXT",
+    "ALTER TABLE attempts ADD COLUMN energy_per_iter REAL",
+    "UPDATE attempts SET precision = 'fp32'",
+]
+
+
+def rekey(conn: sqlite3.Connection) -> None:
+    """Key version 2: every attempt's key recomputed from the job it recorded (all_configs), so
+    a DB written before the canonical form changed keeps its skips."""
+    for attempt_id, configs in conn.execute("SELECT id, all_configs FROM attempts").fetchall():
+        if configs:
+            key = job_key(Job.from_dict(json.loads(configs)))
+            conn.execute("UPDATE attempts SET job_key = ? WHERE id = ?", (key, attempt_id))
+
+
+def _statements(statements: list[str]) -> Migration:
+    def run(conn: sqlite3.Connection) -> None:
+        for statement in statements:
+            conn.execute(statement)
+    return run
+
+
+MIGRATIONS: list[Migration] = [
+    _statements(V1_ATTEMPTS),
+    _statements(V2_PRECISION_ENERGY),
+    rekey,  # v3: job keys leave optional fields at their defaults out
+]
+SCHEMA_VERSION = len(MIGRATIONS)

@@ -1,0 +1,96 @@
+"""ZHEN's analytical counts: parameters, FLOPs and widths, from the spec alone.
+
+No arrays are built, so the model search prices millions of candidates and the planner
+prices plans without JAX; tests check every figure against the built Flax model.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from codesign.spec.types import ModelSpec
+
+DOT_HIDDEN = 512
+FFN_HIDDEN = 2048
+CONV_KERNEL = 5
+
+
+def feature_widths(num_features: int, out: int, mixers_per_layer: Sequence[int], i: int) -> tuple[int, int]:
+    """(F_in(i), S(i)) of layer i when layer j holds mixers_per_layer[j] mixers."""
+    f_in = num_features if i == 0 else mixers_per_layer[i - 1] * out
+    skip = num_features if i <= 1 else mixers_per_layer[i - 2] * out
+    return f_in, skip
+
+
+def layer_widths(spec: ModelSpec, i: int) -> tuple[int, int]:
+    """(F_in(i), S(i)): the layer's input feature width and its skip input width."""
+    return feature_widths(spec.num_features, spec.output_per_emb, [len(t) for t in spec.tokens], i)
+
+
+def output_width(spec: ModelSpec) -> int:
+    return spec.emb_dim * len(spec.tokens[-1]) * spec.output_per_emb
+
+
+def mixer_params(kind: str, f_in: int, out: int, emb: int) -> int:
+    fc = f_in * out + out
+    if kind == "DOT":
+        return f_in * f_in * DOT_HIDDEN + DOT_HIDDEN + DOT_HIDDEN * out * emb + out * emb
+    if kind == "LINEAR":
+        return fc
+    if kind == "ATTENTION":
+        return fc + encoder_params(emb)
+    return fc + CONV_KERNEL * CONV_KERNEL + 1
+
+
+def encoder_params(emb: int) -> int:
+    return 3 * emb * emb + emb * emb + emb + 2 * emb * FFN_HIDDEN + FFN_HIDDEN + emb + 4 * emb
+
+
+def layer_shared_params(i: int, f_in: int, skip: int, emb: int) -> int:
+    """Layer i's parameters outside its mixers: the skip projection (when widths differ), LayerNorm."""
+    proj = skip * f_in + f_in if (i > 0 and skip != f_in) else 0
+    return proj + 2 * emb
+
+
+def layer_param_count(spec: ModelSpec, i: int) -> int:
+    f_in, skip = layer_widths(spec, i)
+    o, d = spec.output_per_emb, spec.emb_dim
+    return layer_shared_params(i, f_in, skip, d) + sum(mixer_params(m, f_in, o, d) for m in spec.tokens[i])
+
+
+def param_count(spec: ModelSpec) -> int:
+    return sum(layer_param_count(spec, i) for i in range(spec.num_zhen_layers))
+
+
+def mixer_flops(kind: str, f_in: int, out: int, emb: int, fold_dot: bool = False) -> int:
+    """Forward matmul and convolution FLOPs (2 per multiply-add) of one mixer, per sample.
+
+    By default the model's own FLOPs (the DOT mixer's FC over all F_in^2 pairs), what
+    throughput figures are quoted in; fold_dot=True counts what the folded DOT executes.
+    """
+    fc = 2 * emb * f_in * out
+    if kind == "DOT":
+        pairs = f_in * (f_in + 1) // 2 if fold_dot else f_in * f_in
+        return 2 * emb * f_in * f_in + 2 * pairs * DOT_HIDDEN + 2 * DOT_HIDDEN * out * emb
+    if kind == "LINEAR":
+        return fc
+    if kind == "ATTENTION":
+        attention = 2 * out * emb * 3 * emb + 2 * 2 * out * out * emb + 2 * out * emb * emb
+        return fc + attention + 2 * 2 * out * emb * FFN_HIDDEN
+    return fc + 2 * CONV_KERNEL * CONV_KERNEL * emb * f_in
+
+
+def layer_flops(spec: ModelSpec, i: int, fold_dot: bool = False) -> int:
+    f_in, skip = layer_widths(spec, i)
+    o, d = spec.output_per_emb, spec.emb_dim
+    proj = 2 * d * skip * f_in if (i > 0 and skip != f_in) else 0
+    return proj + sum(mixer_flops(m, f_in, o, d, fold_dot) for m in spec.tokens[i])
+
+
+def forward_flops_per_sample(spec: ModelSpec, fold_dot: bool = False) -> int:
+    return sum(layer_flops(spec, i, fold_dot) for i in range(spec.num_zhen_layers))
+
+
+def train_flops_per_sample(spec: ModelSpec) -> int:
+    """Forward plus backward (twice the forward), the usual 3x estimate."""
+    return 3 * forward_flops_per_sample(spec)
