@@ -15,10 +15,7 @@ import resource
 import time
 import tracemalloc
 
-from codesign.zhen import (  # imported before timing: jax's import is not the search's cost
-    counts,
-    search,
-)
+from codesign.zhen import search
 
 DEFAULT = search.search_from_args(argparse.Namespace(
     max_layers=4, slots=12, kinds=search.DEFAULT_KINDS, base_features=512, base_emb_dim=160,
@@ -43,7 +40,6 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--max-slots", type=int, default=16, help="Largest slot count of the 3-kind series.")
     args = parser.parse_args()
-    counts.param_count(DEFAULT.base)  # warm the lazy import
     cases = [("3 kinds (issue)", DEFAULT),
              ("4 kinds (issue)", dataclasses.replace(DEFAULT, kinds=search.MIXERS))]
     cases += [(f"3 kinds, {n} slots", dataclasses.replace(DEFAULT, slots=n))
@@ -54,7 +50,7 @@ def main() -> None:
         seconds, peak = measure(space)
         print(f"{name:<22}{size:>16,}{seconds:>10.2f}{size / seconds:>14,.0f}{peak:>10.1f}", flush=True)
     maxrss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(f"process max RSS (jax and numpy imports included): {maxrss:.0f} MiB")
+    print(f"process max RSS (numpy's import included): {maxrss:.0f} MiB")
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 from dataclasses import dataclass
@@ -51,19 +52,25 @@ def job_key(job: Job) -> str:
     """sha256 of the job's canonical JSON: what it runs, with optional fields at their defaults
     left out, so that adding an optional spec field later does not re-key existing DBs. The
     declared platform and the list of micro-batch values choose jobs; they are not part of one."""
-    data = {"model": _declared(job.model), "cluster": _declared(job.cluster, "platform"),
-            "training": _declared(job.training), "parallel": _declared(job.parallel, "num_micro_batches"),
-            "num_micro_batches": job.num_micro_batches, "platform": job.platform,
-            "key_version": KEY_VERSION}
-    canonical = json.dumps(data, sort_keys=True, separators=(",", ":"))
+    parts = {"model": _declared_json(job.model), "cluster": _declared_json(job.cluster, "platform"),
+             "training": _declared_json(job.training),
+             "parallel": _declared_json(job.parallel, "num_micro_batches"),
+             "num_micro_batches": json.dumps(job.num_micro_batches), "platform": json.dumps(job.platform),
+             "key_version": json.dumps(KEY_VERSION)}
+    # json.dumps(..., sort_keys=True) of the whole, assembled from parts cached per spec: a dry
+    # run keys 100,000 jobs that share a few hundred specs.
+    canonical = "{" + ",".join(f'"{name}":{part}' for name, part in sorted(parts.items())) + "}"
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
-def _declared(spec: Any, *excluded: str) -> dict[str, Any]:
-    """A spec's fields, less the excluded ones and the optional ones left at their defaults."""
-    return {f.name: getattr(spec, f.name) for f in dataclasses.fields(spec)
-            if f.name not in excluded
-            and (f.default is dataclasses.MISSING or getattr(spec, f.name) != f.default)}
+@functools.lru_cache(maxsize=4096)
+def _declared_json(spec: Any, *excluded: str) -> str:
+    """A spec's canonical JSON: its fields, less the excluded ones and the optional ones left at
+    their defaults."""
+    fields = {f.name: getattr(spec, f.name) for f in dataclasses.fields(spec)
+              if f.name not in excluded
+              and (f.default is dataclasses.MISSING or getattr(spec, f.name) != f.default)}
+    return json.dumps(fields, sort_keys=True, separators=(",", ":"))
 
 
 def job_timeout(job: Job, manual_timeout: float) -> float:

@@ -37,6 +37,7 @@ from codesign.store.schema import MIGRATIONS, SCHEMA_VERSION
 STALE_AFTER = 120.0  # seconds without a heartbeat before another host's attempt counts as dead
 NOW = "((julianday('now') - 2440587.5) * 86400.0)"  # the DB clock, in unix seconds
 
+
 class Store:
     def __init__(self, path: str | Path, read_only: bool = False):
         self.path = str(path)
@@ -55,7 +56,8 @@ class Store:
 
     @classmethod
     def open_if_exists(cls, path: str | Path) -> Store | None:
-        """Read-only view for a dry run, which must not create the DB."""
+        """Read-only view for a dry run, which must not create or change the DB (an older schema
+        is migrated in a private in-memory copy, so that decisions use today's keys)."""
         return cls(path, read_only=True) if Path(path).exists() else None
 
     def close(self) -> None:
@@ -77,8 +79,10 @@ class Store:
         if version > SCHEMA_VERSION:
             raise StoreError(f"{self.path}: schema version {version} is newer than this codesign "
                              f"understands ({SCHEMA_VERSION}); upgrade codesign")
-        if version == SCHEMA_VERSION or read_only:
+        if version == SCHEMA_VERSION:
             return
+        if read_only:
+            self.conn = _in_memory_copy(self.conn)
         with self._transaction() as conn:
             for migrate in MIGRATIONS[version:]:
                 migrate(conn)
@@ -93,16 +97,12 @@ class Store:
     def decide(self, key: str, retry_failed: bool) -> str:
         """"run", "skip" (already attempted, or succeeded under retry_failed) or "running"."""
         statuses = {row[0] for row in self.conn.execute(
-            "SELECT status FROM attempts WHERE job_key = ?", (key,))} if self._has_table() else set()
+            "SELECT status FROM attempts WHERE job_key = ?", (key,))}
         if RUNNING in statuses:
             return "running"
         if SUCCEEDED in statuses or (statuses and not retry_failed):
             return "skip"
         return "run"
-
-    def _has_table(self) -> bool:
-        return self.conn.execute(
-            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'attempts'").fetchone() is not None
 
     # -- the attempt state machine ---------------------------------------------------------
 
@@ -173,6 +173,14 @@ class Store:
 
     def attempt_columns(self) -> list[str]:
         return [r[1] for r in self.conn.execute("PRAGMA table_info(attempts)")]
+
+
+def _in_memory_copy(conn: sqlite3.Connection) -> sqlite3.Connection:
+    copy = sqlite3.connect(":memory:", isolation_level=None)
+    conn.backup(copy)
+    conn.close()
+    copy.row_factory = sqlite3.Row
+    return copy
 
 
 def _alive(pid: int | None) -> bool:

@@ -1,0 +1,130 @@
+"""The package's shape: pure stages import no JAX, job keys survive growth and upgrades, and
+every bench script still runs."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from codesign.spec.config import load_config
+from codesign.spec.hosts import Hosts
+from codesign.spec.jobs import enumerate_jobs, job_key
+from codesign.spec.types import TrainingSpec
+from codesign.store.database import Store
+from tests.conftest import REPO, run_cli
+
+DATA = REPO / "tests" / "data"
+PURE_PACKAGES = ("spec", "planner", "run", "store")
+PURE_MODULES = ("codesign.zhen.counts", "codesign.zhen.search", "codesign.cli", "codesign.outcome")
+
+# Keys of the four jobs of tests/data/results_v0.1.0.toml, pinned: a change to the canonical form
+# re-keys every DB, so it must come with a schema migration (store/schema.py).
+GOLDEN_KEYS = {
+    ("data parallel", 1): "4fe2bf0b4197182dbe98cd19b849b85b8c1c7ec7a27122971201fb67fdd2f8ab",
+    ("data parallel", 3): "4a3cca4223cc6b49459f638fc9a6686672a51a2070d890696c0528da5d2cbe5d",
+    ("pipeline", 2): "ea794120bb441d9f35a89b6782888c7527fa634a8bd774ebdddc6ba301a45102",
+    ("Auto search", 1): "05a930938ac09220b0c4072d720a18a624825a66d39e4f91b88b4a5b0f50f200",
+}
+
+
+def pure_modules() -> list[str]:
+    package = REPO / "codesign"
+    modules = [f"codesign.{p}.{f.stem}" for p in PURE_PACKAGES for f in sorted((package / p).glob("*.py"))
+               if f.stem != "__init__"]
+    return modules + list(PURE_MODULES)
+
+
+@pytest.mark.parametrize("module", pure_modules())
+def test_pure_code_imports_no_jax(module):
+    code = f"import sys, {module}; print(sorted(m for m in ('jax', 'flax', 'optax') if m in sys.modules))"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]"
+
+
+def test_a_dry_run_imports_no_jax(tmp_path):
+    code = ("import runpy, sys; sys.argv = ['codesign', '--dry-run', '-c', sys.argv[1], '-d', 'r.db']\n"
+            "try:\n    runpy.run_module('codesign', run_name='__main__')\n"
+            "except SystemExit as exit:\n    assert exit.code == 0, exit.code\n"
+            "print('JAX', 'jax' in sys.modules, file=sys.stderr)")
+    proc = subprocess.run([sys.executable, "-c", code, str(DATA / "results_v0.1.0.toml")], capture_output=True,
+                          text=True, cwd=tmp_path, timeout=120, env={"PYTHONPATH": str(REPO)})
+    assert proc.returncode == 0, proc.stderr
+    assert "4 jobs: 4 run" in proc.stdout and "JAX False" in proc.stderr
+
+
+def release_jobs() -> dict[tuple[str, int], object]:
+    config = load_config(DATA / "results_v0.1.0.toml")
+    return {(p.job.parallel.description, p.job.num_micro_batches): p for p in enumerate_jobs(config, Hosts.local(0))}
+
+
+def test_job_keys_are_pinned():
+    assert {name: p.key for name, p in release_jobs().items()} == GOLDEN_KEYS
+
+
+def test_an_optional_field_added_later_does_not_re_key():
+    @dataclasses.dataclass(frozen=True)
+    class GrownTraining(TrainingSpec):
+        gradient_clipping: float | None = None  # a knob of some later release, at its default
+
+    job = release_jobs()[("data parallel", 1)].job
+    grown = dataclasses.replace(job, training=GrownTraining(**dataclasses.asdict(job.training)))
+    assert job_key(grown) == job_key(job)
+    clipped = dataclasses.replace(job, training=GrownTraining(**dataclasses.asdict(job.training),
+                                                              gradient_clipping=1.0))
+    assert job_key(clipped) != job_key(job)
+
+
+def release_db(path: Path) -> Path:
+    """A results DB exactly as codesign 0.1.0 wrote it (schema 2, its own keys)."""
+    conn = sqlite3.connect(path)
+    conn.executescript((DATA / "results_v0.1.0.sql").read_text())
+    conn.close()
+    return path
+
+
+def test_a_release_db_is_re_keyed_and_keeps_its_skips(tmp_path):
+    db = release_db(tmp_path / "results.db")
+    before = db.read_bytes()
+    dry = run_cli("--dry-run", "-c", str(DATA / "results_v0.1.0.toml"), "-d", str(db), cwd=tmp_path)
+    assert dry.returncode == 0, dry.stderr
+    assert "4 jobs: 0 run, 4 skip" in dry.stdout
+    assert db.read_bytes() == before  # the dry run migrated a private copy
+    store = Store(db)
+    rows = store.attempts()
+    assert [r["job_key"] for r in rows] == list(GOLDEN_KEYS.values())
+    assert [(r["status"], json.loads(r["all_configs"])["parallel"]["description"]) for r in rows] == [
+        ("succeeded", "data parallel"), ("invalid", "data parallel"), ("succeeded", "pipeline"),
+        ("invalid", "Auto search")]
+    store.close()
+    rerun = run_cli("-c", str(DATA / "results_v0.1.0.toml"), "-d", str(db), cwd=tmp_path)
+    assert rerun.returncode == 0, rerun.stderr
+    assert "attempted: none; skipped (already recorded or running elsewhere): 4" in rerun.stderr
+
+
+BENCH_SMOKE = {
+    "bench_dry_run.py": ["--jobs", "1000"],
+    "bench_search.py": ["--max-slots", "8"],
+    "bench_step.py": ["--model", "small", "--batch", "8", "--steps", "1", "--precision", "fp32"],
+    "bench_plans.py": ["-c", str(DATA / "results_v0.1.0.toml"), "--timeout", "120"],
+}
+
+
+def test_every_bench_script_is_smoke_tested():
+    assert sorted(BENCH_SMOKE) == sorted(p.name for p in (REPO / "bench").glob("bench_*.py"))
+
+
+@pytest.mark.parametrize("script", sorted(BENCH_SMOKE))
+def test_bench_scripts_run_with_their_smallest_arguments(script, tmp_path):
+    proc = subprocess.run([sys.executable, str(REPO / "bench" / script), *BENCH_SMOKE[script]], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(REPO), "JAX_PLATFORMS": "cpu"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert len(proc.stdout.strip().splitlines()) >= 2, proc.stdout
+
