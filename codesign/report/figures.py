@@ -80,7 +80,7 @@ def predictions(errors: pd.DataFrame, stats: pd.DataFrame) -> Figure:
     quantities = list(dict.fromkeys(errors["quantity"]))
     units = {"time": ("s", 1.0), "memory": ("MiB", 2.0 ** 20)}
     with matplotlib.rc_context(STYLE):
-        figure = Figure(figsize=(WIDTH, 4.0), layout="constrained")
+        figure = Figure(figsize=(WIDTH / 2 * len(quantities), 4.8), layout="constrained")
         for ax, quantity in zip(figure.subplots(1, len(quantities), squeeze=False)[0], quantities):
             rows = errors[errors["quantity"].eq(quantity)]
             unit, scale = units[quantity]
@@ -88,8 +88,9 @@ def predictions(errors: pd.DataFrame, stats: pd.DataFrame) -> Figure:
             ax.scatter(measured, predicted, s=12, alpha=0.7)
             low, high = _span(measured, predicted)
             ax.plot([low, high], [low, high], color="black", lw=1, label="y = x")
-            ax.set(xscale="log", yscale="log", xlabel=f"measured {quantity} ({unit})",
-                   ylabel=f"predicted {quantity} ({unit})")
+            scale = _scale(low, high)
+            ax.set(xscale=scale, yscale=scale, xlim=(low, high), ylim=(low, high), aspect="equal",
+                   xlabel=f"measured {quantity} ({unit})", ylabel=f"predicted {quantity} ({unit})")
             error = rows["error"].abs()
             ax.set_title(f"{quantity}: {len(rows)} attempts, |error| median {100 * error.median():.1f}%, "
                          f"p90 {100 * error.quantile(0.9):.1f}%", loc="left")
@@ -119,7 +120,8 @@ def compile_vs_step(points: pd.DataFrame) -> Figure:
         ax = figure.subplots()
         for cluster, rows in points.groupby("cluster", sort=True):
             ax.scatter(rows["avg"] * 1e3, rows["compile_time"], s=14, alpha=0.75, label=plain(cluster))
-        ax.set(xscale="log", yscale="log", xlabel="step time (ms)", ylabel="compile time (s)")
+        ax.set(xscale=_scale(*_span(points["avg"])), yscale=_scale(*_span(points["compile_time"])),
+               xlabel="step time (ms)", ylabel="compile time (s)")
         ax.set_title(f"{len(points)} succeeded attempts", loc="left")
         ax.legend(loc="best", fontsize=7)
     return figure
@@ -195,6 +197,11 @@ def _span(*series: pd.Series) -> tuple[float, float]:
     values = pd.concat(series)
     values = values[values > 0]
     return float(values.min()) / 1.2, float(values.max()) * 1.2
+
+
+def _scale(low: float, high: float) -> str:
+    """Logarithmic when the values span more than a decade (log ticks over less read badly)."""
+    return "log" if high > 10 * low else "linear"
 
 
 def plain(label: str, limit: int = 80) -> str:

@@ -71,8 +71,7 @@ PLANS_CSV = ["kind", "model", "cluster", "rank", "plan", "status", "attempts", "
 @dataclass
 class Table:
     columns: list[str]
-    rows: list[list[str]]
-    kinds: list[str]  # per column: "num" (right-aligned) or "text"
+    rows: list[list[tuple[str, str]]]  # cells: (CSS class, text)
     caption: str = ""
     fold: bool = False  # shown in a <details>, open or not
     open: bool = True
@@ -156,9 +155,7 @@ class Report:
         note = ("Every plan (a job: parallel spec, micro-batches, training setup) of each model and cluster, "
                 "ranked by throughput; plans that did not succeed follow, with their status. A plan with "
                 "several attempts (retries) shows its latest.")
-        groups = list(self.measured.groupby(GROUP, sort=False))
-        shown = [_table(rows, PLAN_COLUMNS, caption=f"{model} | {cluster}", fold=True, open=i < OPEN_GROUPS)
-                 for i, ((model, cluster), rows) in enumerate(groups)]
+        shown = _group_tables(self.measured, PLAN_COLUMNS)
         empty = "" if shown else "No measured attempt in this DB."
         return Section("ranking", "Every plan, ranked", note, empty, tables=shown)
 
@@ -261,8 +258,7 @@ class Report:
         if simulated.empty:
             return Section("simulated", title, note, "No simulated rows: a cluster with platform = \"sim\" "
                            "records the cost model's predictions without running.")
-        shown = [_table(rows, SIMULATED_COLUMNS, caption=f"{model} | {cluster}", fold=True, open=i < OPEN_GROUPS)
-                 for i, ((model, cluster), rows) in enumerate(simulated.groupby(GROUP, sort=False))]
+        shown = _group_tables(simulated, SIMULATED_COLUMNS)
         ranked = tables.ranked(simulated)
         images = [self.image("simulated", figures.throughput(ranked, "predicted throughput"),
                              "predicted throughput by plan for each simulated cluster")] if len(ranked) else []
@@ -313,12 +309,30 @@ def _integers(frame: pd.DataFrame) -> pd.DataFrame:
     return frame.astype({c: "Int64" for c in present})
 
 
-def _table(frame: pd.DataFrame, columns: list[Column], caption: str = "", fold: bool = False,
-           open: bool = True) -> Table:
-    records = frame[[c for _, c, _ in columns]].to_dict("records")
-    rows = [[format_(record[c]) for _, c, format_ in columns] for record in records]
-    kinds = ["text" if format_ is fmt.text else "num" for _, _, format_ in columns]
-    return Table([header for header, _, _ in columns], rows, kinds, caption, fold, open)
+def _table(frame: pd.DataFrame, columns: list[Column]) -> Table:
+    return Table([header for header, _, _ in columns], _rows(frame, columns))
+
+
+def _group_tables(plans_: pd.DataFrame, columns: list[Column]) -> list[Table]:
+    """One folding table per (model, cluster), in the frame's order; the first OPEN_GROUPS unfolded."""
+    groups: dict[tuple[str, str], list[list[tuple[str, str]]]] = {}
+    for key, row in zip(zip(plans_["model"], plans_["cluster"]), _rows(plans_, columns)):
+        groups.setdefault(key, []).append(row)
+    return [Table([header for header, _, _ in columns], rows, f"{model} | {cluster}", fold=True, open=i < OPEN_GROUPS)
+            for i, ((model, cluster), rows) in enumerate(groups.items())]
+
+
+def _rows(frame: pd.DataFrame, columns: list[Column]) -> list[list[tuple[str, str]]]:
+    """Every cell formatted with its CSS class (numbers right-aligned, statuses coloured), the frame
+    converted once (not per group: thousands of plans)."""
+    records = frame[list(dict.fromkeys(c for _, c, _ in columns))].to_dict("records")
+    classes = ["text" if format_ is fmt.text else "num" for _, _, format_ in columns]
+    rows = []
+    for record in records:
+        cells = [format_(record[column]) for _, column, format_ in columns]
+        rows.append([(f"text status-{text}" if header == "status" else css, text)
+                     for (header, _, _), css, text in zip(columns, classes, cells)])
+    return rows
 
 
 def _environment() -> jinja2.Environment:
