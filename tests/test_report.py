@@ -245,7 +245,8 @@ def test_auto_search_is_compared_with_the_best_manual_plan(report):
     (row,) = page.rows("auto")
     assert row["Auto search plan"] == "Auto search | pp1 dp2 op1 | mb1"
     assert row["best manual plan"] == "operator parallel | pp1 dp1 op2 | mb1"
-    assert shown(row["samples/s"]) == pytest.approx(auto["throughput"], rel=1e-3)
+    assert shown(row["Auto search samples/s"]) == pytest.approx(auto["throughput"], rel=1e-3)
+    assert shown(row["manual samples/s"]) == 4000
     assert row["auto / manual"] == f"{auto['throughput'] / 4000:.2f}x" == "0.75x"
 
 
@@ -265,6 +266,9 @@ def test_sweep_summary_table(report):
 
 def test_an_empty_db_reports_why_each_section_is_empty(tmp_path):
     Store(tmp_path / "r.db").close()
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "energy.png").write_bytes(b"an earlier report's figure")
+    (tmp_path / "out" / "mine.png").write_bytes(b"the user's file")
     code, stdout, stderr = report_cli("report", "-d", str(tmp_path / "r.db"), "-o", str(tmp_path / "out"))
     assert code == 0 and stdout == "", stderr
     page = Page((tmp_path / "out" / "report.html").read_text())
@@ -272,7 +276,7 @@ def test_an_empty_db_reports_why_each_section_is_empty(tmp_path):
     assert all(page.sections[s]["empty"] for s in SECTIONS)
     assert "NVML" in page.sections["energy"]["empty"]
     assert "platform = \"sim\"" in page.sections["simulated"]["empty"]
-    assert list((tmp_path / "out").glob("*.png")) == []
+    assert [p.name for p in (tmp_path / "out").glob("*.png")] == ["mine.png"]
     assert pd.read_csv(tmp_path / "out" / "summary.csv").empty
 
 
@@ -298,6 +302,14 @@ def test_a_missing_db_exits_2_and_writes_nothing(tmp_path):
     assert stderr.strip() == (f"codesign: error: {tmp_path / 'missing.db'}: no results DB here; run codesign "
                               "first (or pass -d PATH)")
     assert stdout == "" and list(tmp_path.iterdir()) == []
+
+
+def test_a_file_that_is_not_a_db_exits_2(tmp_path):
+    (tmp_path / "notes.db").write_text("not sqlite")
+    code, stdout, stderr = report_cli("report", "-d", str(tmp_path / "notes.db"), "-o", str(tmp_path / "out"))
+    assert code == 2 and stdout == ""
+    assert stderr.strip() == f"codesign: error: {tmp_path / 'notes.db'}: not a results DB: file is not a database"
+    assert not (tmp_path / "out").exists()
 
 
 def test_python_m_codesign_report_with_defaults_never_imports_jax(tmp_path):

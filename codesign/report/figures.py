@@ -75,7 +75,7 @@ def speedups(table: pd.DataFrame) -> Figure:
     return figure
 
 
-def predictions(errors: pd.DataFrame, stats: pd.DataFrame) -> Figure:
+def predictions(errors: pd.DataFrame) -> Figure:
     """Predicted against measured, one panel per quantity, with y = x and the error figures."""
     quantities = list(dict.fromkeys(errors["quantity"]))
     units = {"time": ("s", 1.0), "memory": ("MiB", 2.0 ** 20)}

@@ -23,6 +23,9 @@ from codesign.report.frame import GROUP, SIMULATED, attempts_frame, plans
 from codesign.store.database import Store
 
 Column = tuple[str, str, Callable[[Any], str]]  # header, frame column, formatter
+FIGURES = ("throughput", "speedup", "predicted", "energy", "compile_vs_step", "failures", "simulated",
+           "auto_search")  # PNG names; those of an earlier report in the same folder are removed first
+KINDS = {False: "measured", True: SIMULATED}  # the `simulated` flag, in words
 OPEN_GROUPS = 8  # ranked tables shown unfolded; the rest fold (<details>)
 
 
@@ -118,6 +121,7 @@ class Report:
                 self.compile_section(), self.failures_section(), self.simulated_section(), self.auto_section()]
 
     def image(self, name: str, figure: Figure, alt: str) -> Image:
+        assert name in FIGURES, name
         data = figures.png(figure)
         path = self.out / f"{name}.png"
         path.write_bytes(data)
@@ -133,12 +137,14 @@ class Report:
 
     def overview(self) -> Section:
         frame = self.frame
-        kinds = frame.assign(kind=frame["simulated"].map({False: "measured", True: "simulated"}))
+        kinds = frame.assign(kind=frame["simulated"].map(KINDS))
         grouped = kinds.groupby(["kind", "status"])
         counts = pd.DataFrame({"attempts": grouped.size(), "jobs": grouped["job_key"].nunique()}).reset_index()
         note = (f"{len(frame)} attempts of {frame['job_key'].nunique()} jobs: "
                 f"{frame['model'].nunique()} models, {frame['cluster'].nunique()} clusters.")
-        return Section("overview", "Overview", note, "" if len(frame) else "The DB holds no attempt yet.",
+        if frame.empty:
+            return Section("overview", "Overview", note, "The DB holds no attempt yet.")
+        return Section("overview", "Overview", note,
                        tables=[_table(counts, [("kind", "kind", fmt.text), ("status", "status", fmt.text),
                                                ("attempts", "attempts", fmt.integer),
                                                ("jobs", "jobs", fmt.integer)])])
@@ -198,7 +204,7 @@ class Report:
         if missing:
             note += f" No succeeded attempt recorded a predicted {' or '.join(missing)}."
         return Section("predictions", title, note,
-                       images=[self.image("predicted", figures.predictions(errors, stats),
+                       images=[self.image("predicted", figures.predictions(errors),
                                           "predicted against measured, with y = x")],
                        tables=[_table(stats, [("quantity", "quantity", fmt.text),
                                               ("platform", "platform", fmt.text),
@@ -277,9 +283,9 @@ class Report:
                        tables=[_table(table, [("model", "model", fmt.text), ("cluster", "cluster", fmt.text),
                                               ("global batch", "global_batch", fmt.integer),
                                               ("Auto search plan", "plan_auto", fmt.text),
-                                              ("samples/s", "score_auto", fmt.number),
+                                              ("Auto search samples/s", "score_auto", fmt.number),
                                               ("best manual plan", "plan_manual", fmt.text),
-                                              ("samples/s ", "score_manual", fmt.number),
+                                              ("manual samples/s", "score_manual", fmt.number),
                                               ("auto / manual", "ratio", fmt.ratio)])])
 
     def no_auto(self) -> str:
@@ -292,14 +298,14 @@ class Report:
 
     def summary_csv(self) -> pd.DataFrame:
         """summary.csv: the best plan per (model, cluster), raw DB units, measured and simulated apart."""
-        table = tables.summary_table(self.frame)
+        table = tables.summary_table(self.frame, self.plans)
         best = self.best.drop(columns=["plan", "score", "speedup"])
         out = table.merge(best, on=["simulated", *GROUP], how="left")
-        out["kind"] = out["simulated"].map({False: "measured", True: SIMULATED})
+        out["kind"] = out["simulated"].map(KINDS)
         return _integers(out.reindex(columns=list(SUMMARY_CSV.values())).set_axis(list(SUMMARY_CSV), axis=1))
 
     def plans_csv(self) -> pd.DataFrame:
-        out = self.plans.assign(kind=self.plans["simulated"].map({False: "measured", True: SIMULATED}))
+        out = self.plans.assign(kind=self.plans["simulated"].map(KINDS))
         return _integers(out[PLANS_CSV])
 
 
@@ -352,6 +358,8 @@ def write_report(db: str | Path, out: str | Path) -> Written:
         store.close()
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
+    for name in FIGURES:
+        (out / f"{name}.png").unlink(missing_ok=True)
     report = Report(rows, out)
     sections = report.sections()
     html = _environment().get_template("report.html.j2").render(

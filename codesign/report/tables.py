@@ -105,15 +105,21 @@ def auto_vs_manual(plans_: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
-def summary_table(frame: pd.DataFrame) -> pd.DataFrame:
+def summary_table(frame: pd.DataFrame, plans_: pd.DataFrame) -> pd.DataFrame:
     """The sweep summary: per (model, cluster), best plan, throughput, speedup over DP, failures."""
     groups = frame[["simulated", *GROUP]].drop_duplicates()
-    best = best_plans(plans(frame))[["simulated", *GROUP, "plan", "score", "speedup"]]
+    best = best_plans(plans_)[["simulated", *GROUP, "plan", "score", "speedup"]]
     out = groups.merge(best, on=["simulated", *GROUP], how="left")
     failed = frame[frame["status"].isin(FAILURES)].groupby(["simulated", *GROUP])["status"]
-    counts = failed.agg(lambda s: ", ".join(f"{n} {status}" for status, n in s.value_counts().items()))
+    counts = failed.agg(_count_text)
     out["failures"] = [counts.get(tuple(key), "") for key in out[["simulated", *GROUP]].itertuples(index=False)]
     return out.sort_values(["simulated", *GROUP], kind="stable")
+
+
+def _count_text(statuses: pd.Series) -> str:
+    """"1 failed, 2 oom": how many of each failing status, in FAILURES order."""
+    counts = statuses.value_counts()
+    return ", ".join(f"{counts[s]} {s}" for s in FAILURES if s in counts)
 
 
 def sweep_summary(rows: list[dict]) -> str:
@@ -121,7 +127,7 @@ def sweep_summary(rows: list[dict]) -> str:
     frame = attempts_frame(rows)
     if frame.empty:
         return ""
-    table = summary_table(frame)
+    table = summary_table(frame, plans(frame))
     shown = pd.DataFrame({
         "model": table["model"], "cluster": table["cluster"],
         "best plan": [p if isinstance(p, str) else "(none succeeded)" for p in table["plan"]],
