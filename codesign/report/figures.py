@@ -139,7 +139,7 @@ def failures(counts: pd.DataFrame) -> Figure:
         ax.set_yticks(range(len(counts)), [plain(c) for c in counts.index])
         ax.invert_yaxis()
         ax.set_xlabel("failed attempts")
-        ax.legend(loc="lower right")
+        figure.legend(loc="outside right upper")
     return figure
 
 
@@ -156,7 +156,7 @@ def auto_vs_manual(table: pd.DataFrame) -> Figure:
         ax.set_yticks(y, [plain(label) for label in labels])
         ax.invert_yaxis()
         ax.set_xlabel("throughput (samples/s)")
-        ax.legend(loc="lower right")
+        figure.legend(loc="outside right upper")
         _cut_title(ax, "model | cluster | global batch", len(shown), len(table))
     return figure
 
