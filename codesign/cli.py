@@ -30,6 +30,7 @@ SUBCOMMANDS = {"report": "codesign.report.command"}
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="codesign", description="ZHEN codesign toolkit.",
+        epilog="Other commands: " + ", ".join(f"codesign {name} -h" for name in SUBCOMMANDS) + ".",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("-D", "--dry-run", action="store_true",
                         help="Do not run. Only print what settings would run (and which are skipped).")
