@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
+import importlib
 import logging
 import os
 import sys
@@ -23,11 +24,14 @@ if TYPE_CHECKING:
 
 EXIT_USAGE = 2
 log = logging.getLogger("codesign")
+# `codesign NAME ARGS`: NAME -> the module whose main(ARGS) runs it; anything else is the sweep's flags
+SUBCOMMANDS = {"report": "codesign.report.command"}
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="codesign", description="ZHEN codesign toolkit.",
+        epilog="Other commands: " + ", ".join(f"codesign {name} -h" for name in SUBCOMMANDS) + ".",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("-D", "--dry-run", action="store_true",
                         help="Do not run. Only print what settings would run (and which are skipped).")
@@ -59,31 +63,33 @@ def _positive_int(text: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
     try:
+        if argv and argv[0] in SUBCOMMANDS:
+            return importlib.import_module(SUBCOMMANDS[argv[0]]).main(argv[1:])
         return _main(argv)
+    except UserError as err:
+        print(f"codesign: error: {err}", file=sys.stderr)
+        return EXIT_USAGE
     except BrokenPipeError:  # stdout piped into `head` and closed: not an error of ours
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
 
 
-def _main(argv: list[str] | None) -> int:
+def _main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    try:
-        if args.search_model:
-            return search.run(args, sys.stdout)
-        config = load_config(args.config)
-        address = args.ray_address or config.ray.address
-        with _ray_session(address):
-            planned = list(enumerate_jobs(config, _hosts(config, address)))
-            if args.dry_run:
-                print_dry_run(planned, args.db, args.retry_failed, sys.stdout)
-                return 0
-            return run(planned, args, _executor(args.db, address), _max_concurrent(args, config, address))
-    except UserError as err:
-        print(f"codesign: error: {err}", file=sys.stderr)
-        return EXIT_USAGE
+    if args.search_model:
+        return search.run(args, sys.stdout)
+    config = load_config(args.config)
+    address = args.ray_address or config.ray.address
+    with _ray_session(address):
+        planned = list(enumerate_jobs(config, _hosts(config, address)))
+        if args.dry_run:
+            print_dry_run(planned, args.db, args.retry_failed, sys.stdout)
+            return 0
+        return run(planned, args, _executor(args.db, address), _max_concurrent(args, config, address))
 
 
 @contextlib.contextmanager
@@ -130,16 +136,23 @@ def _max_concurrent(args: argparse.Namespace, config: Config, address: str | Non
 
 def run(planned: list[PlannedJob], args: argparse.Namespace, executor: Executor,
         max_concurrent: int | None) -> int:
+    from codesign.report.tables import sweep_summary
     from codesign.run.sweep import run_sweep
 
     store = Store(args.db)
     try:
         summary = run_sweep(planned, store, executor, args.retry_failed, args.manual_job_timeout,
                             max_concurrent)
+        keys = {item.key for item in planned}
+        table = sweep_summary([row for row in store.attempts() if row["job_key"] in keys])
     finally:
         store.close()
     for line in summary.lines():
         print(f"codesign: {line}", file=sys.stderr)
+    if table:
+        print("codesign: best plan per model and cluster, from every recorded attempt of this config's jobs "
+              f"(this run's and earlier ones'; `codesign report -d {args.db}` for the full report):\n{table}",
+              file=sys.stderr)
     return 0
 
 

@@ -9,6 +9,7 @@ import time
 import pandas as pd
 import pytest
 
+from codesign.report import fmt
 from codesign.store.schema import LEGACY_COLUMNS
 from tests.conftest import REPO, SMALL_CONFIG, run_cli
 
@@ -94,14 +95,34 @@ def test_exports_open_in_pandas_with_the_original_columns(default_sweep):
         assert frame["avg"].gt(0).all()
 
 
+def assert_summary(stderr: str, cells: list[str]) -> None:
+    """The sweep summary has one row (SMALL_CONFIG: one model on one cluster) showing these cells in order."""
+    lines = stderr.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("codesign: best plan per model and cluster"))
+    header, row = lines[start + 1:start + 3]
+    assert header.split() == ["model", "cluster", "best", "plan", "samples/s", "vs", "data", "parallel", "failed",
+                              "attempts"]
+    assert len(lines) == start + 3
+    at = 0
+    for cell in cells:
+        assert f" {cell} " in f" {row[at:]} ", (cell, row)
+        at = row.index(cell, at) + len(cell)
+
+
 def test_retry_failed_reruns_only_the_failed(tmp_path):
     (tmp_path / "c.toml").write_text(SMALL_CONFIG)
-    assert run_cli("-c", "c.toml", cwd=tmp_path).returncode == 0
+    proc = run_cli("-c", "c.toml", cwd=tmp_path)
+    assert proc.returncode == 0 and proc.stdout == ""
     first = rows(tmp_path / "results.db")
     assert [r["status"] for r in first] == ["succeeded", "invalid"]
     assert "global batch 8 is not divisible by num_micro_batches = 3" in first[1]["error"]
-    assert run_cli("-c", "c.toml", cwd=tmp_path).returncode == 0
+    expected = ["F8 D4 O2 L1 [LD]", "1x2 NVLink (cpu)", "data parallel | pp1 dp2 op1 | mb1",
+                fmt.number(first[0]["throughput"]), "1.00x", "1 invalid"]  # the DP plan is its own baseline
+    assert_summary(proc.stderr, expected)
+    again = run_cli("-c", "c.toml", cwd=tmp_path)
+    assert again.returncode == 0 and again.stdout == ""
     assert len(rows(tmp_path / "results.db")) == 2
+    assert_summary(again.stderr, expected)  # nothing ran: the summary comes from the recorded attempts
     assert run_cli("-c", "c.toml", "--retry-failed", cwd=tmp_path).returncode == 0
     again = rows(tmp_path / "results.db")
     assert [(r["job_key"], r["status"]) for r in again[2:]] == [(first[1]["job_key"], "invalid")]

@@ -21,7 +21,7 @@ from codesign.store.database import Store
 from tests.conftest import REPO, run_cli
 
 DATA = REPO / "tests" / "data"
-PURE_PACKAGES = ("spec", "planner", "run", "store")
+PURE_PACKAGES = ("spec", "planner", "run", "store", "report")
 PURE_MODULES = ("codesign.zhen.counts", "codesign.zhen.search", "codesign.cli", "codesign.outcome")
 
 # Keys of the four jobs of tests/data/results_v0.1.0.toml, pinned: a change to the canonical form
@@ -114,6 +114,7 @@ BENCH_SMOKE = {
     "bench_search.py": ["--max-slots", "8"],
     "bench_step.py": ["--model", "small", "--batch", "8", "--steps", "1", "--precision", "fp32"],
     "bench_plans.py": ["-c", str(DATA / "results_v0.1.0.toml"), "--timeout", "120"],
+    "bench_report.py": ["--attempts", "200"],
 }
 
 

@@ -52,7 +52,11 @@ class Store:
         except sqlite3.Error as err:
             raise StoreError(f"{self.path}: cannot open results DB: {err}") from None
         self.conn.row_factory = sqlite3.Row
-        self._check_schema(read_only)
+        try:
+            self._check_schema(read_only)
+        except sqlite3.DatabaseError as err:  # e.g. "file is not a database"
+            self.conn.close()
+            raise StoreError(f"{self.path}: not a results DB: {err}") from None
 
     @classmethod
     def open_if_exists(cls, path: str | Path) -> Store | None:

@@ -1,0 +1,371 @@
+"""`codesign report`: the DB's attempts -> report.html (self-contained), one PNG per figure, CSVs.
+
+Every section is a title, a note on how to read it, its figures and tables, or the reason it is
+empty. The HTML comes from one jinja2 template with autoescaping (a description is always text);
+figures are inlined as base64 PNGs, so the page opens offline and fetches nothing.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import jinja2
+import pandas as pd
+from matplotlib.figure import Figure
+
+from codesign.errors import StoreError
+from codesign.report import figures, fmt, tables
+from codesign.report.frame import GROUP, SIMULATED, attempts_frame, plans
+from codesign.store.database import Store
+
+Column = tuple[str, str, Callable[[Any], str]]  # header, frame column, formatter
+FIGURES = ("throughput", "speedup", "predicted", "energy", "compile_vs_step", "failures", "simulated",
+           "auto_search")  # PNG names; those of an earlier report in the same folder are removed first
+KINDS = {False: "measured", True: SIMULATED}  # the `simulated` flag, in words
+OPEN_GROUPS = 8  # ranked tables shown unfolded; the rest fold (<details>)
+
+
+def _ms(seconds: Any) -> str:
+    return fmt.scaled(seconds, 1e-3)
+
+
+def _mib(num_bytes: Any) -> str:
+    return fmt.scaled(num_bytes, 2.0 ** 20)
+
+
+PLAN_COLUMNS: list[Column] = [
+    ("rank", "rank", fmt.integer), ("plan", "plan", fmt.text), ("global batch", "global_batch", fmt.integer),
+    ("precision", "precision", fmt.text), ("status", "status", fmt.text), ("attempts", "attempts", fmt.integer),
+    ("samples/s", "throughput", fmt.number), ("step time (ms)", "avg", _ms), ("p90 (ms)", "p90", _ms),
+    ("memory (MiB)", "max_memory", _mib), ("compile (s)", "compile_time", fmt.number),
+    ("J/sample", "energy_per_sample", fmt.number)]
+SIMULATED_COLUMNS: list[Column] = [
+    ("rank", "rank", fmt.integer), ("plan", "plan", fmt.text), ("global batch", "global_batch", fmt.integer),
+    ("status", "status", fmt.text), ("predicted samples/s", "predicted_throughput", fmt.number),
+    ("predicted step (ms)", "predicted_time", _ms), ("predicted memory (MiB)", "predicted_memory", _mib)]
+BEST_COLUMNS: list[Column] = [
+    ("model", "model", fmt.text), ("cluster", "cluster", fmt.text), ("best plan", "plan", fmt.text),
+    ("global batch", "global_batch", fmt.integer), ("samples/s", "throughput", fmt.number),
+    ("step time (ms)", "avg", _ms), ("memory (MiB)", "max_memory", _mib),
+    ("speedup over DP", "speedup", fmt.ratio), ("data-parallel plan", "dp_plan", fmt.text)]
+SPEEDUP_COLUMNS: list[Column] = [
+    ("model", "model", fmt.text), ("cluster", "cluster", fmt.text), ("global batch", "global_batch", fmt.integer),
+    ("precision", "precision", fmt.text), ("best plan", "plan", fmt.text), ("samples/s", "score", fmt.number),
+    ("data-parallel plan", "dp_plan", fmt.text), ("DP samples/s", "dp_score", fmt.number),
+    ("speedup", "speedup", fmt.ratio)]
+
+SUMMARY_CSV = {"kind": "kind", "model": "model", "cluster": "cluster", "plan": "plan",
+               "global_batch": "global_batch", "precision": "precision", "throughput": "score",
+               "step_time": "avg", "median": "median", "p90": "p90", "max_memory": "max_memory",
+               "predicted_time": "predicted_time", "predicted_memory": "predicted_memory",
+               "dp_plan": "dp_plan", "dp_throughput": "dp_score", "speedup_over_dp": "speedup",
+               "failed_attempts": "failures", "job_key": "job_key"}
+INTEGERS = ["rank", "global_batch", "max_memory", "predicted_memory", "attempts"]  # whole numbers, NaN aside
+PLANS_CSV = ["kind", "model", "cluster", "rank", "plan", "status", "attempts", "global_batch", "precision",
+             "throughput", "avg", "median", "p90", "max_memory", "compile_time", "predicted_time",
+             "predicted_memory", "predicted_throughput", "energy_per_iter", "energy_per_sample", "error",
+             "job_key"]
+
+
+@dataclass
+class Table:
+    columns: list[str]
+    rows: list[list[tuple[str, str]]]  # cells: (CSS class, text)
+    caption: str = ""
+    fold: bool = False  # shown in a <details>, open or not
+    open: bool = True
+
+
+@dataclass
+class Image:
+    file: str
+    uri: str
+    alt: str
+
+
+@dataclass
+class Section:
+    anchor: str
+    title: str
+    note: str
+    empty: str = ""
+    images: list[Image] = field(default_factory=list)
+    tables: list[Table] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Written:
+    html: Path
+    figures: list[Path]
+    attempts: int
+
+
+class Report:
+    """Builds the sections of one DB's report, writing each figure's PNG into `out` as it goes."""
+
+    def __init__(self, rows: list[dict[str, Any]], out: Path):
+        self.frame = attempts_frame(rows)
+        self.plans = plans(self.frame)
+        self.measured = self.plans[~self.plans["simulated"]]
+        self.best = tables.best_plans(self.plans)
+        self.out = out
+        self.images: list[Path] = []
+
+    def sections(self) -> list[Section]:
+        return [self.overview(), self.best_section(), self.ranking(), self.throughput_section(),
+                self.speedup_section(), self.predictions_section(), self.energy_section(),
+                self.compile_section(), self.failures_section(), self.simulated_section(), self.auto_section()]
+
+    def image(self, name: str, figure: Figure, alt: str) -> Image:
+        assert name in FIGURES, name
+        data = figures.png(figure)
+        path = self.out / f"{name}.png"
+        path.write_bytes(data)
+        self.images.append(path)
+        return Image(path.name, "data:image/png;base64," + base64.b64encode(data).decode(), alt)
+
+    def no_success(self) -> str:
+        """Why nothing measured can be ranked."""
+        if self.measured.empty:
+            return "No measured attempt in this DB (nothing ran on real or virtual devices)."
+        return (f"No measured plan succeeded ({len(self.measured)} plans attempted); "
+                "see Failures for why.")
+
+    def overview(self) -> Section:
+        frame = self.frame
+        kinds = frame.assign(kind=frame["simulated"].map(KINDS))
+        grouped = kinds.groupby(["kind", "status"])
+        counts = pd.DataFrame({"attempts": grouped.size(), "jobs": grouped["job_key"].nunique()}).reset_index()
+        note = (f"{len(frame)} attempts of {frame['job_key'].nunique()} jobs: "
+                f"{frame['model'].nunique()} models, {frame['cluster'].nunique()} clusters.")
+        if frame.empty:
+            return Section("overview", "Overview", note, "The DB holds no attempt yet.")
+        return Section("overview", "Overview", note,
+                       tables=[_table(counts, [("kind", "kind", fmt.text), ("status", "status", fmt.text),
+                                               ("attempts", "attempts", fmt.integer),
+                                               ("jobs", "jobs", fmt.integer)])])
+
+    def best_section(self) -> Section:
+        best = self.best[~self.best["simulated"]]
+        note = ("Per model and cluster, the measured plan with the highest throughput (samples/s = global "
+                "batch / mean step time after warm-up), and its speedup over the fastest manual data-parallel "
+                "plan (pp = 1, op = 1) of the same global batch and precision; - where there is none.")
+        return Section("best", "Best plan per model and cluster", note, "" if len(best) else self.no_success(),
+                       tables=[_table(best, BEST_COLUMNS)] if len(best) else [])
+
+    def ranking(self) -> Section:
+        note = ("Every plan (a job: parallel spec, micro-batches, training setup) of each model and cluster, "
+                "ranked by throughput; plans that did not succeed follow, with their status. A plan with "
+                "several attempts (retries) shows its latest.")
+        shown = _group_tables(self.measured, PLAN_COLUMNS)
+        empty = "" if shown else "No measured attempt in this DB."
+        return Section("ranking", "Every plan, ranked", note, empty, tables=shown)
+
+    def throughput_section(self) -> Section:
+        ranked = tables.ranked(self.measured)
+        note = "Measured throughput of each plan, one panel per cluster, best first; colours tell the models apart."
+        if ranked.empty:
+            return Section("throughput", "Throughput by plan", note, self.no_success())
+        return Section("throughput", "Throughput by plan", note,
+                       images=[self.image("throughput", figures.throughput(ranked, "throughput"),
+                                          "throughput by plan for each cluster")])
+
+    def speedup_section(self) -> Section:
+        speed = tables.dp_speedups(self.measured)
+        note = ("Best plan against the fastest manual data-parallel plan (pp = 1, op = 1, every device a "
+                "replica) of the same model, cluster, global batch and precision: the ratio of their step "
+                "times (DAPPLE's headline figure).")
+        title = "Speedup over data parallel"
+        if speed.empty:
+            return Section("speedup", title, note, self.no_success())
+        with_dp = speed[speed["speedup"].notna()]
+        table = _table(speed, SPEEDUP_COLUMNS)
+        if with_dp.empty:
+            return Section("speedup", title, note, "No group has a succeeded manual data-parallel plan "
+                           "(pp = 1, op = 1) to compare with: add one to the config.", tables=[table])
+        return Section("speedup", title, note, tables=[table],
+                       images=[self.image("speedup", figures.speedups(with_dp), "speedup over data parallel")])
+
+    def predictions_section(self) -> Section:
+        errors = tables.prediction_errors(self.frame)
+        note = ("What was predicted before a job ran against what it measured: time per step against the "
+                "median step, peak memory per device against the measured peak. Error = (predicted - "
+                "measured) / measured; median and p90 of its absolute value.")
+        title = "Predicted against measured"
+        if errors.empty:
+            return Section("predictions", title, note, "No succeeded attempt recorded a prediction "
+                           "(predicted_time, predicted_memory): the cost model fills them.")
+        stats = tables.error_stats(errors)
+        missing = [q for q in tables.PREDICTIONS if q not in set(errors["quantity"])]
+        if missing:
+            note += f" No succeeded attempt recorded a predicted {' or '.join(missing)}."
+        return Section("predictions", title, note,
+                       images=[self.image("predicted", figures.predictions(errors),
+                                          "predicted against measured, with y = x")],
+                       tables=[_table(stats, [("quantity", "quantity", fmt.text),
+                                              ("platform", "platform", fmt.text),
+                                              ("attempts", "attempts", fmt.integer),
+                                              ("median |error|", "median", fmt.percent),
+                                              ("p90 |error|", "p90", fmt.percent)])])
+
+    def energy_section(self) -> Section:
+        table = tables.energy(self.plans)
+        note = "Joules the job's GPUs used per measured step, divided by the global batch (Zeus's figure)."
+        if table.empty:
+            return Section("energy", "Energy per sample", note,
+                           "No attempt recorded energy: it is read from NVML, on NVIDIA GPUs only.")
+        return Section("energy", "Energy per sample", note,
+                       images=[self.image("energy", figures.energy(table), "energy per sample by plan")],
+                       tables=[_table(table, [("model", "model", fmt.text), ("cluster", "cluster", fmt.text),
+                                              ("plan", "plan", fmt.text),
+                                              ("J/step", "energy_per_iter", fmt.number),
+                                              ("J/sample", "energy_per_sample", fmt.number),
+                                              ("samples/s", "throughput", fmt.number)])])
+
+    def compile_section(self) -> Section:
+        points, stats = tables.compile_vs_step(self.frame)
+        note = ("Compile time (lower, compile, memory analysis; cached across retries) against the mean "
+                "step time; 'steps per compile' is how many steps one compile costs.")
+        if points.empty:
+            return Section("compile", "Compile time against step time", note,
+                           "No succeeded measured attempt recorded a compile time.")
+        return Section("compile", "Compile time against step time", note,
+                       images=[self.image("compile_vs_step", figures.compile_vs_step(points),
+                                          "compile time against step time")],
+                       tables=[_table(stats, [("cluster", "cluster", fmt.text),
+                                              ("attempts", "attempts", fmt.integer),
+                                              ("median compile (s)", "compile_time", fmt.number),
+                                              ("median step (ms)", "step_time", _ms),
+                                              ("steps per compile", "steps_per_compile", fmt.number)])])
+
+    def failures_section(self) -> Section:
+        table = tables.failures(self.frame)
+        note = ("Attempts that did not succeed, by status and reason (the last line of the recorded "
+                "error): failed, timeout, oom, invalid, interrupted.")
+        if table.empty:
+            return Section("failures", "Failures", note, f"No attempt failed ({len(self.frame)} recorded).")
+        return Section("failures", "Failures", note,
+                       images=[self.image("failures", figures.failures(tables.failure_counts(self.frame)),
+                                          "failed attempts per cluster and status")],
+                       tables=[_table(table, [("status", "status", fmt.text), ("reason", "reason", fmt.text),
+                                              ("attempts", "attempts", fmt.integer),
+                                              ("jobs", "jobs", fmt.integer),
+                                              ("clusters", "clusters", fmt.text)])])
+
+    def simulated_section(self) -> Section:
+        simulated = self.plans[self.plans["simulated"]]
+        note = ("Clusters priced by the cost model without running (status simulated, platform sim), "
+                "ranked by predicted throughput among themselves only, never with measured plans.")
+        title = "Simulated clusters"
+        if simulated.empty:
+            return Section("simulated", title, note, "No simulated rows: a cluster with platform = \"sim\" "
+                           "records the cost model's predictions without running.")
+        shown = _group_tables(simulated, SIMULATED_COLUMNS)
+        ranked = tables.ranked(simulated)
+        images = [self.image("simulated", figures.throughput(ranked, "predicted throughput"),
+                             "predicted throughput by plan for each simulated cluster")] if len(ranked) else []
+        return Section("simulated", title, note, images=images, tables=shown)
+
+    def auto_section(self) -> Section:
+        table = tables.auto_vs_manual(self.plans)
+        note = ("Where Auto search ran and succeeded: the plan it chose against the best manual plan of the "
+                "same model, cluster, global batch and precision (ratio > 1: Auto search was faster).")
+        title = "Auto search against the best manual plan"
+        if table.empty:
+            return Section("auto", title, note, self.no_auto())
+        return Section("auto", title, note,
+                       images=[self.image("auto_search", figures.auto_vs_manual(table),
+                                          "Auto search against the best manual plan")],
+                       tables=[_table(table, [("model", "model", fmt.text), ("cluster", "cluster", fmt.text),
+                                              ("global batch", "global_batch", fmt.integer),
+                                              ("Auto search plan", "plan_auto", fmt.text),
+                                              ("Auto search samples/s", "score_auto", fmt.number),
+                                              ("best manual plan", "plan_manual", fmt.text),
+                                              ("manual samples/s", "score_manual", fmt.number),
+                                              ("auto / manual", "ratio", fmt.ratio)])])
+
+    def no_auto(self) -> str:
+        auto = self.frame[self.frame["auto"] & ~self.frame["simulated"]]
+        if auto.empty:
+            return "No Auto search job was measured in this DB."
+        counts = ", ".join(f"{n} {s}" for s, n in auto["status"].value_counts().items())
+        reasons = "; ".join(sorted(set(auto["reason"]) - {""})[:3])
+        return f"No Auto search attempt succeeded ({counts})" + (f": {reasons}" if reasons else ".")
+
+    def summary_csv(self) -> pd.DataFrame:
+        """summary.csv: the best plan per (model, cluster), raw DB units, measured and simulated apart."""
+        table = tables.summary_table(self.frame, self.plans)
+        best = self.best.drop(columns=["plan", "score", "speedup"])
+        out = table.merge(best, on=["simulated", *GROUP], how="left")
+        out["kind"] = out["simulated"].map(KINDS)
+        return _integers(out.reindex(columns=list(SUMMARY_CSV.values())).set_axis(list(SUMMARY_CSV), axis=1))
+
+    def plans_csv(self) -> pd.DataFrame:
+        out = self.plans.assign(kind=self.plans["simulated"].map(KINDS))
+        return _integers(out[PLANS_CSV])
+
+
+def _integers(frame: pd.DataFrame) -> pd.DataFrame:
+    """Whole-number columns as integers in the CSVs (a NaN made them floats)."""
+    present = [c for c in INTEGERS if c in frame.columns]
+    return frame.astype({c: "Int64" for c in present})
+
+
+def _table(frame: pd.DataFrame, columns: list[Column]) -> Table:
+    return Table([header for header, _, _ in columns], _rows(frame, columns))
+
+
+def _group_tables(plans_: pd.DataFrame, columns: list[Column]) -> list[Table]:
+    """One folding table per (model, cluster), in the frame's order; the first OPEN_GROUPS unfolded."""
+    groups: dict[tuple[str, str], list[list[tuple[str, str]]]] = {}
+    for key, row in zip(zip(plans_["model"], plans_["cluster"]), _rows(plans_, columns)):
+        groups.setdefault(key, []).append(row)
+    return [Table([header for header, _, _ in columns], rows, f"{model} | {cluster}", fold=True, open=i < OPEN_GROUPS)
+            for i, ((model, cluster), rows) in enumerate(groups.items())]
+
+
+def _rows(frame: pd.DataFrame, columns: list[Column]) -> list[list[tuple[str, str]]]:
+    """Every cell formatted with its CSS class (numbers right-aligned, statuses coloured), the frame
+    converted once (not per group: thousands of plans)."""
+    records = frame[list(dict.fromkeys(c for _, c, _ in columns))].to_dict("records")
+    classes = ["text" if format_ is fmt.text else "num" for _, _, format_ in columns]
+    rows = []
+    for record in records:
+        cells = [format_(record[column]) for _, column, format_ in columns]
+        rows.append([(f"text status-{text}" if header == "status" else css, text)
+                     for (header, _, _), css, text in zip(columns, classes, cells)])
+    return rows
+
+
+def _environment() -> jinja2.Environment:
+    return jinja2.Environment(loader=jinja2.PackageLoader("codesign.report", "templates"),
+                              autoescape=True, undefined=jinja2.StrictUndefined, trim_blocks=True,
+                              lstrip_blocks=True)
+
+
+def write_report(db: str | Path, out: str | Path) -> Written:
+    """Read every attempt of `db`, write report.html, the figures' PNGs, summary.csv and plans.csv."""
+    if not Path(db).exists():
+        raise StoreError(f"{db}: no results DB here; run codesign first (or pass -d PATH)")
+    store = Store(db, read_only=True)
+    try:
+        rows = store.attempts()
+    finally:
+        store.close()
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    for name in FIGURES:
+        (out / f"{name}.png").unlink(missing_ok=True)
+    report = Report(rows, out)
+    sections = report.sections()
+    html = _environment().get_template("report.html.j2").render(
+        db=str(db), sections=sections,
+        generated=datetime.datetime.now().isoformat(timespec="seconds"))
+    (out / "report.html").write_text(html, encoding="utf-8")
+    report.summary_csv().to_csv(out / "summary.csv", index=False)
+    report.plans_csv().to_csv(out / "plans.csv", index=False)
+    return Written(out / "report.html", report.images, len(report.frame))
