@@ -45,7 +45,7 @@ def test_hang_crash_and_segfault_are_recorded_and_the_sweep_goes_on(tmp_path, mo
 
 
 def test_heartbeat_runs_while_the_job_runs(tmp_path, monkeypatch):
-    monkeypatch.setattr("codesign.orchestrator.HEARTBEAT_EVERY", 0.2)
+    monkeypatch.setattr("codesign.run.sweep.HEARTBEAT_EVERY", 0.2)
     monkeypatch.setenv("FAULT_PIDS", str(tmp_path / "pids"))
     monkeypatch.setenv("PYTHONPATH", str(REPO))
     store = Store(tmp_path / "r.db")

@@ -6,9 +6,9 @@ import re
 
 import pytest
 
-from codesign.engine.pipeline import dispatch_order, max_in_flight, stage_order
 from codesign.errors import PlanError
 from codesign.planner.plan import make_plan
+from codesign.planner.schedule import dispatch_order, max_in_flight, stage_order
 from codesign.spec.config import load_config
 from codesign.spec.types import ClusterSpec, Job, ModelSpec, ParallelSpec, TrainingSpec
 from tests.conftest import FIXTURES, run_on_devices
