@@ -26,6 +26,7 @@ from codesign.errors import StoreError
 from codesign.outcome import (
     FINAL_STATUSES,
     INTERRUPTED,
+    INVALID,
     METRIC_COLUMNS,
     RUNNING,
     SUCCEEDED,
@@ -36,6 +37,9 @@ from codesign.store.schema import MIGRATIONS, SCHEMA_VERSION
 
 STALE_AFTER = 120.0  # seconds without a heartbeat before another host's attempt counts as dead
 NOW = "((julianday('now') - 2440587.5) * 86400.0)"  # the DB clock, in unix seconds
+# Errors earlier versions recorded that said nothing about the job itself: such attempts don't
+# count, so a plain rerun runs their jobs (codesign 0.1.0 recorded every Auto search job so).
+RETIRED_ERRORS = ("Auto search is not supported yet",)
 
 class Store:
     def __init__(self, path: str | Path, read_only: bool = False):
@@ -91,9 +95,12 @@ class Store:
     # -- decisions -------------------------------------------------------------------------
 
     def decide(self, key: str, retry_failed: bool) -> str:
-        """"run", "skip" (already attempted, or succeeded under retry_failed) or "running"."""
+        """"run", "skip" (already attempted, or succeeded under retry_failed) or "running".
+        Invalid attempts with a RETIRED_ERRORS error are not attempts."""
+        retired = ", ".join("?" for _ in RETIRED_ERRORS)
         statuses = {row[0] for row in self.conn.execute(
-            "SELECT status FROM attempts WHERE job_key = ?", (key,))} if self._has_table() else set()
+            f"SELECT status FROM attempts WHERE job_key = ? AND NOT (status = ? AND error IN ({retired}))",
+            (key, INVALID, *RETIRED_ERRORS))} if self._has_table() else set()
         if RUNNING in statuses:
             return "running"
         if SUCCEEDED in statuses or (statuses and not retry_failed):
