@@ -32,6 +32,8 @@ from codesign.outcome import (
     SUCCEEDED,
     Outcome,
 )
+from codesign.planner.columns import plan_columns
+from codesign.planner.plan import Plan
 from codesign.spec.types import Job
 from codesign.store.schema import MIGRATIONS, SCHEMA_VERSION
 
@@ -157,10 +159,15 @@ class Store:
         values: dict[str, Any] = {k: _cell(outcome.metrics.get(k)) for k in METRIC_COLUMNS}
         values.update(status=outcome.status, error=outcome.error or None, job_duration=outcome.duration)
         with self._transaction() as conn:
-            configs = conn.execute("SELECT all_configs FROM attempts WHERE id = ?", (attempt_id,)).fetchone()
-            extra = {k: v for k, v in (("plan", outcome.plan), ("losses", outcome.metrics.get("losses"))) if v}
-            if extra and configs:
-                values["all_configs"] = json.dumps({**json.loads(configs[0]), **extra})
+            row = conn.execute("SELECT all_configs, gpus_per_node FROM attempts WHERE id = ?",
+                               (attempt_id,)).fetchone()
+            extra = {k: v for k, v in (("plan", outcome.plan), ("chosen_plan", outcome.chosen_plan),
+                                       ("losses", outcome.metrics.get("losses"))) if v}
+            if extra and row:
+                values["all_configs"] = json.dumps({**json.loads(row["all_configs"]), **extra})
+            if outcome.chosen_plan and row:
+                chosen = plan_columns(Plan.from_dict(outcome.chosen_plan), row["gpus_per_node"])
+                values.update({k: _cell(v) for k, v in chosen.items()})
             sets = ", ".join(f"{k} = ?" for k in values)
             cur = conn.execute(f"UPDATE attempts SET {sets}, finished_at = {NOW}, heartbeat = {NOW} "
                                f"WHERE id = ? AND status = ?", (*values.values(), attempt_id, RUNNING))
