@@ -26,4 +26,5 @@ class Outcome:
     error: str = ""
     metrics: dict[str, Any] = field(default_factory=dict)
     plan: dict[str, Any] = field(default_factory=dict)  # concrete devices, stages, shardings
+    chosen_plan: dict[str, Any] = field(default_factory=dict)  # Plan.to_dict() of a plan the toolkit chose
     duration: float | None = None

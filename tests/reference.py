@@ -28,9 +28,10 @@ def leaves(tree) -> list[np.ndarray]:
     return [np.asarray(x) for x in jax.tree.leaves(tree)]
 
 
-def two_steps(job) -> dict:
-    """Losses of two steps, first-step gradients, initial and final parameters."""
-    training = build_training(job, make_plan(job))
+def two_steps(job, plan=None) -> dict:
+    """Losses of two steps, first-step gradients, initial and final parameters, under the plan
+    given (else the job's manual plan)."""
+    training = build_training(job, plan or make_plan(job))
     _, grads = training.gradients()
     initial = leaves(training.params())
     losses, _ = train_steps(training, 2)

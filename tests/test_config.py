@@ -82,6 +82,19 @@ def test_auto_search_needs_no_mesh(tmp_path):
     assert load_config(write(tmp_path, text)).parallels[0].is_auto
 
 
+def test_auto_trials_is_an_optional_key_of_auto_search(tmp_path):
+    auto = BASE.replace('description = "data parallel"', f'description = "{AUTO_SEARCH}"')
+    assert load_config(write(tmp_path, auto)).parallels[0].auto_trials == 1
+    three = auto.replace("num_micro_batches = [1, 3]", "num_micro_batches = [1, 3]\nauto_trials = 3")
+    assert load_config(write(tmp_path, three)).parallels[0].auto_trials == 3
+    for text, problem in ((three.replace("auto_trials = 3", "auto_trials = 0"), "expected an integer >= 1"),
+                          (three.replace(f'"{AUTO_SEARCH}"', '"data parallel"'), "applies only to description")):
+        with pytest.raises(ConfigError, match=problem) as err:
+            load_config(write(tmp_path, text))
+        assert (err.value.table, err.value.field) == ("[[parallel_spec]] #1", "auto_trials")
+        assert str(tmp_path / "c.toml") in str(err.value)
+
+
 def test_bad_toml_and_missing_file(tmp_path):
     with pytest.raises(ConfigError, match="invalid TOML"):
         load_config(write(tmp_path, "[training_spec\n"))

@@ -1,3 +1,5 @@
+import dataclasses
+
 from codesign.spec.config import load_config
 from codesign.spec.hosts import Hosts
 from codesign.spec.jobs import enumerate_jobs, job_key, job_timeout
@@ -50,3 +52,14 @@ def test_timeouts_manual_and_scaled_auto(fixture_config):
     assert auto == {1: 1000, 8: 1500, 16: 2000, 64: 6000}
     manual = {job_timeout(p.job, 42) for p in planned if not p.job.parallel.is_auto}
     assert manual == {42}
+
+
+
+def test_auto_trials_at_its_default_leaves_the_key_unchanged(fixture_config):
+    """An Auto search job keeps the key it had before auto_trials existed (pinned below, key
+    version 2) until its config sets auto_trials."""
+    auto = next(p for p in enumerate_jobs(load_config(fixture_config), Hosts.local(1)) if p.job.parallel.is_auto)
+    assert auto.job.parallel.auto_trials == 1
+    assert auto.key == "634b7a04ae23041dfee46c59fb36721ff8346834a7d057376da3f41e11985c05"
+    three = dataclasses.replace(auto.job, parallel=dataclasses.replace(auto.job.parallel, auto_trials=3))
+    assert job_key(three) != auto.key

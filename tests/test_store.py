@@ -2,16 +2,21 @@ import multiprocessing
 import sqlite3
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from codesign.errors import StoreError
 from codesign.outcome import Outcome
+from codesign.spec.config import load_config
+from codesign.spec.hosts import Hosts
+from codesign.spec.jobs import enumerate_jobs
 from codesign.spec.types import ClusterSpec, Job, ModelSpec, ParallelSpec, TrainingSpec
 from codesign.store import schema
 from codesign.store.database import STALE_AFTER, Store
 from codesign.store.schema import LEGACY_COLUMNS, SCHEMA_VERSION
 
+DATA = Path(__file__).parent / "data"
 JOB = Job(ModelSpec(4, 2, 1, 1, (("LINEAR",),)), ClusterSpec(1, 1, "NVLink", "cpu"), TrainingSpec(2, 2),
           ParallelSpec("dp", (1,), 1, False, (1, 1, 1)), 1, "cpu")
 
@@ -104,3 +109,22 @@ def test_a_version_1_db_is_migrated_in_place(tmp_path):
     attempt = store.claim("new", JOB, retry_failed=False)
     store.finish(attempt, Outcome("succeeded", metrics={"energy_per_iter": 3.25}))
     assert store.attempts()[1]["energy_per_iter"] == 3.25 and store.attempts()[1]["precision"] == "fp32"
+
+
+def test_auto_search_rows_of_0_1_0_are_not_attempts(tmp_path):
+    """codesign 0.1.0 recorded every Auto search job as invalid "not supported yet": a plain rerun
+    runs those jobs, and still skips every other recorded one."""
+    conn = sqlite3.connect(tmp_path / "r.db")
+    conn.executescript((DATA / "results_v0.1.0.sql").read_text())
+    conn.close()
+    store = Store(tmp_path / "r.db")
+    decisions = {(p.job.parallel.description, p.job.num_micro_batches): store.decide(p.key, retry_failed=False)
+                 for p in enumerate_jobs(load_config(DATA / "results_v0.1.0.toml"), Hosts.local(0))}
+    assert decisions == {("data parallel", 1): "skip", ("data parallel", 3): "skip", ("pipeline", 2): "skip",
+                         ("Auto search", 1): "run"}
+    (auto,) = [p for p in enumerate_jobs(load_config(DATA / "results_v0.1.0.toml"), Hosts.local(0))
+               if p.job.parallel.is_auto]
+    attempt = store.claim(auto.key, auto.job, retry_failed=False)
+    assert attempt and store.finish(attempt, Outcome("oom", error="no plan fits"))
+    assert store.decide(auto.key, retry_failed=False) == "skip"  # a new attempt counts
+    assert len(store.attempts(["invalid"])) == 2  # the old rows stay, for the record

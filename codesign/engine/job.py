@@ -3,7 +3,8 @@
 Runs in its own process (`python -m codesign.engine.job JOB.json OUTCOME.json`), with the
 platform chosen through the environment before JAX starts; a multi-host job runs one such
 process per host, joined by jax.distributed (each writes its outcome; host 0's is kept). Everything it learns goes
-into an Outcome; the orchestrator records it.
+into an Outcome; the orchestrator records it. JOB.json may also carry, under "chosen_plan", a plan
+the toolkit chose (Plan.to_dict()): it runs instead of the plan of the job's manual spec.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from codesign.engine.programs import DoesNotFit, ensure_fits
 from codesign.engine.step import build_single_stage
 from codesign.errors import PlanError
 from codesign.outcome import FAILED, INVALID, OOM, SUCCEEDED, Outcome
-from codesign.planner.plan import Plan, make_plan
+from codesign.planner.plan import Plan, check_plan, make_plan
 from codesign.spec.types import Job
 
 log = logging.getLogger(__name__)
@@ -75,11 +76,23 @@ def peak_memory(training: programs.Training, devices) -> int | None:
     return training.memory.get("peak")
 
 
-def run_job(job: Job) -> Outcome:
+def run_job(job: Job, chosen: Plan | None = None) -> Outcome:
+    """Run the job under the plan the toolkit chose for it (checked against the job; the outcome
+    carries it) or, without one, under the plan its manual spec describes."""
     try:
-        plan = make_plan(job)
+        if chosen is not None:
+            check_plan(job, chosen)
+        plan = chosen or make_plan(job)
     except PlanError as err:
         return Outcome(INVALID, error=str(err))
+    outcome = run_plan(job, plan)
+    if chosen is not None:
+        outcome.chosen_plan = chosen.to_dict()
+    return outcome
+
+
+def run_plan(job: Job, plan: Plan) -> Outcome:
+    """Compile, train and measure a checked plan; whatever goes wrong becomes the outcome."""
     try:
         training = build_training(job, plan)
         devices = [jax.devices()[i] for s in plan.stages for i in s.device_ids]
@@ -143,8 +156,9 @@ def main(argv: list[str]) -> int:
     join_hosts()
     configure_jax(os.environ.get("CODESIGN_CACHE_DIR"))
     with open(job_path) as f:
-        job = Job.from_dict(json.load(f))
-    outcome = run_job(job)
+        data = json.load(f)
+    chosen = data.get("chosen_plan")
+    outcome = run_job(Job.from_dict(data), Plan.from_dict(chosen) if chosen else None)
     with open(outcome_path, "w") as f:
         json.dump(asdict(outcome), f)
     return 0

@@ -6,14 +6,15 @@ in microseconds and the job body can build exactly what was checked.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
 from codesign.errors import PlanError
-from codesign.spec.types import Job
+from codesign.spec.types import SCHEDULES, Job
 from codesign.zhen import counts
 
 MESH_AXES = ("dp", "op")
@@ -21,11 +22,15 @@ MESH_AXES = ("dp", "op")
 
 @dataclass(frozen=True)
 class StagePlan:
-    layers: tuple[int, ...]  # ZHEN layer indices this stage runs
-    groups: tuple[tuple[int, ...], ...]  # its layer groups (remat regions)
+    groups: tuple[tuple[int, ...], ...]  # its layer groups (remat regions), each of ZHEN layer indices
     device_ids: tuple[int, ...]  # global device indices (host-major), laid out as (dp, op)
     dp: int
     op: int
+
+    @property
+    def layers(self) -> tuple[int, ...]:
+        """ZHEN layer indices this stage runs."""
+        return tuple(i for g in self.groups for i in g)
 
     def describe(self) -> dict[str, Any]:
         grid = np.array(self.device_ids).reshape(self.dp, self.op).tolist()
@@ -42,7 +47,7 @@ class Plan:
     remat: bool
     reduce_scatter: bool
     schedule: str
-    placement: str  # how stage devices were chosen: "physical_mesh_shape", "host_ids/device_ids", "contiguous"
+    placement: str  # how stage devices were chosen: "physical_mesh_shape", "host_ids/device_ids", "contiguous", "chosen"
 
     @property
     def rules(self) -> tuple[tuple[str, str | None], ...]:
@@ -60,6 +65,21 @@ class Plan:
                 "schedule": self.schedule if len(self.stages) > 1 else None,
                 "placement": self.placement}
 
+    def to_dict(self) -> dict[str, Any]:
+        """The plan as JSON-ready data (from_dict inverts it): what a chosen plan is recorded and
+        sent to the job body as."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Plan:
+        try:
+            stages = tuple(StagePlan(groups=tuple(tuple(g) for g in s["groups"]),
+                                     device_ids=tuple(s["device_ids"]), dp=s["dp"], op=s["op"])
+                           for s in data["stages"])
+            return cls(**{**data, "stages": stages})
+        except (KeyError, TypeError) as err:
+            raise PlanError(f"malformed plan {data!r}: {err!r}") from None
+
 
 def make_plan(job: Job) -> Plan:
     """The concrete plan for a manual parallel spec; PlanError says why it cannot run."""
@@ -71,18 +91,74 @@ def make_plan(job: Job) -> Plan:
     stage_groups = split_stages(groups, pp)
     options = parallel.sharding_options
     batch_axis = MESH_AXES[options.get("force_batch_dim_to_mesh_dim", 0)]
-    _check_batch(job, {"dp": dp, "op": op}[batch_axis], batch_axis)
+    _check_batch(job, [{"dp": dp, "op": op}[batch_axis]] * pp, batch_axis)
     placement, devices = stage_devices(job)
-    stages = tuple(StagePlan(layers=tuple(i for g in gs for i in g), groups=gs, device_ids=ids, dp=dp, op=op)
-                   for gs, ids in zip(stage_groups, devices))
+    stages = tuple(StagePlan(groups=gs, device_ids=ids, dp=dp, op=op) for gs, ids in zip(stage_groups, devices))
     return Plan(stages=stages, num_micro_batches=job.num_micro_batches, batch_axis=batch_axis,
                 remat=parallel.remat_layer,
                 reduce_scatter=bool(options.get("prefer_reduce_scatter", False)),
                 schedule=parallel.pipeline_schedule, placement=placement)
 
 
-def layer_groups(job: Job) -> tuple[tuple[int, ...], ...]:
-    groups, layers = job.parallel.num_auto_layers, job.model.num_zhen_layers
+def plan_from_stages(job: Job, stage_groups: Sequence[Sequence[int]], stage_devices: Sequence[Sequence[int]],
+                     meshes: Sequence[tuple[int, int]], num_groups: int | None = None, batch_axis: str = "dp",
+                     remat: bool = False, reduce_scatter: bool = False, schedule: str = "1F1B",
+                     placement: str = "chosen") -> Plan:
+    """A plan of any contiguous assignment of the job's layer groups to stages, each stage on its
+    own devices viewed as its own (dp, op) mesh; stages may differ in group count and submesh.
+
+    stage_groups: per stage, the indices of its layer groups (of num_groups balanced groups,
+    the job's num_auto_layers by default), e.g. [[0, 1], [2], [3, 4, 5]]; stage_devices: per
+    stage, global device ids in (dp, op) order; meshes: per stage, (dp, op)."""
+    groups = layer_groups(job, num_groups)
+    _check_partition(stage_groups, len(groups), "layer groups")
+    if not len(stage_groups) == len(stage_devices) == len(meshes):
+        raise PlanError(f"{len(stage_groups)} stages of layer groups, {len(stage_devices)} device "
+                        f"lists and {len(meshes)} (dp, op) meshes; give one of each per stage")
+    stages = tuple(StagePlan(groups=tuple(groups[g] for g in gs), device_ids=tuple(ids), dp=dp, op=op)
+                   for gs, ids, (dp, op) in zip(stage_groups, stage_devices, meshes))
+    plan = Plan(stages=stages, num_micro_batches=job.num_micro_batches, batch_axis=batch_axis, remat=remat,
+                reduce_scatter=reduce_scatter, schedule=schedule, placement=placement)
+    check_plan(job, plan)
+    return plan
+
+
+def check_plan(job: Job, plan: Plan) -> None:
+    """PlanError unless the plan can run the job: every layer once, in order, in non-empty groups
+    and stages; each stage on dp * op devices of the cluster, no device in two stages; every
+    stage's share of a micro-batch whole. (A manual plan also covers the whole cluster.)"""
+    for i, stage in enumerate(plan.stages):
+        if not stage.groups:
+            raise PlanError(f"stage {i} has no layer groups")
+    _check_partition([g for s in plan.stages for g in s.groups], job.model.num_zhen_layers, "layers",
+                     part="layer group")
+    if plan.num_micro_batches != job.num_micro_batches:
+        raise PlanError(f"the plan is for {plan.num_micro_batches} micro-batches, the job has "
+                        f"{job.num_micro_batches}")
+    if plan.batch_axis not in MESH_AXES or plan.schedule not in SCHEDULES:
+        raise PlanError(f"batch axis {plan.batch_axis!r} / schedule {plan.schedule!r}: expected one of "
+                        f"{list(MESH_AXES)} / {list(SCHEDULES)}")
+    if any(s.dp < 1 or s.op < 1 for s in plan.stages):
+        raise PlanError(f"(dp, op) of every stage must be positive, got {[(s.dp, s.op) for s in plan.stages]}")
+    _check_devices([s.device_ids for s in plan.stages], [s.dp * s.op for s in plan.stages],
+                   job.cluster.num_devices)
+    _check_batch(job, [getattr(s, plan.batch_axis) for s in plan.stages], plan.batch_axis)
+
+
+def _check_partition(parts: Sequence[Sequence[int]], n: int, what: str, part: str = "stage") -> None:
+    """parts, concatenated, are 0..n-1 in order, and none is empty."""
+    for i, items in enumerate(parts):
+        if not len(items):
+            raise PlanError(f"{part} {i} takes no {what}")
+    if [i for items in parts for i in items] != list(range(n)):
+        raise PlanError(f"each {part} must take a contiguous run of the {n} {what} 0..{n - 1}, in order "
+                        f"and each once; got {[list(p) for p in parts]}")
+
+
+def layer_groups(job: Job, num_groups: int | None = None) -> tuple[tuple[int, ...], ...]:
+    """The model's layers cut into num_groups (default: the job's num_auto_layers) contiguous
+    groups balanced by FLOPs."""
+    groups, layers = num_groups or job.parallel.num_auto_layers, job.model.num_zhen_layers
     if groups > layers:
         raise PlanError(f"num_auto_layers = {groups} layer groups, but the model has only {layers} layers")
     costs = [counts.layer_flops(job.model, i) for i in range(layers)]
@@ -119,13 +195,16 @@ def balanced_groups(costs: list[int], k: int) -> tuple[tuple[int, ...], ...]:
     return tuple(tuple(range(a, b)) for a, b in zip(bounds, bounds[1:]))
 
 
-def _check_batch(job: Job, batch_shards: int, batch_axis: str) -> None:
+def _check_batch(job: Job, batch_shards: list[int], batch_axis: str) -> None:
+    """batch_shards: per stage, the size of its mesh axis the batch is sharded on."""
     batch, micro = job.global_batch, job.num_micro_batches
     if batch % micro:
         raise PlanError(f"global batch {batch} is not divisible by num_micro_batches = {micro}")
-    if (batch // micro) % batch_shards:
-        raise PlanError(f"micro-batch of {batch // micro} samples cannot be split over "
-                        f"{batch_shards} devices of mesh axis {batch_axis}")
+    for i, shards in enumerate(batch_shards):
+        if (batch // micro) % shards:
+            raise PlanError(f"micro-batch of {batch // micro} samples cannot be split over "
+                            f"{shards} devices of mesh axis {batch_axis}"
+                            + (f" of stage {i}" if len(batch_shards) > 1 else ""))
 
 
 def stage_devices(job: Job) -> tuple[str, list[tuple[int, ...]]]:
@@ -176,13 +255,21 @@ def _check_cover(devices: list[tuple[int, ...]], pp: int, size: int, total: int)
     """Stages get dp * op devices each, no device twice, and together the whole cluster."""
     if len(devices) != pp:
         raise PlanError(f"the placement gives {len(devices)} stage submeshes, but pp = {pp}")
-    for i, ids in enumerate(devices):
+    _check_devices(devices, [size] * pp, total)
+    missing = sorted(set(range(total)) - {d for ids in devices for d in ids})
+    if missing:
+        raise PlanError(f"device(s) {missing} of the cluster belong to no stage")
+
+
+def _check_devices(devices: Sequence[Sequence[int]], sizes: list[int], total: int) -> None:
+    """Stage i gets sizes[i] (its dp * op) devices of the cluster's total, no device twice."""
+    for i, (ids, size) in enumerate(zip(devices, sizes)):
         if len(ids) != size:
             raise PlanError(f"stage {i} gets {len(ids)} devices, but dp * op = {size}")
     flat = [d for ids in devices for d in ids]
+    outside = sorted({d for d in flat if not 0 <= d < total})
+    if outside:
+        raise PlanError(f"device(s) {outside} are outside the cluster of {total} devices")
     twice = sorted({d for d in flat if flat.count(d) > 1})
     if twice:
         raise PlanError(f"device(s) {twice} are placed in more than one stage")
-    missing = sorted(set(range(total)) - set(flat))
-    if missing:
-        raise PlanError(f"device(s) {missing} of the cluster belong to no stage")

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from codesign.outcome import FAILED, INTERRUPTED, TIMEOUT, Outcome
+from codesign.planner.plan import Plan
 from codesign.spec.types import Job
 
 log = logging.getLogger(__name__)
@@ -55,13 +56,16 @@ def _die_with_parent() -> None:
 
 
 class JobProcess:
-    """One job body, `python -m MODULE JOB.json OUTCOME.json`, leading its own process group."""
+    """One job body, `python -m MODULE JOB.json OUTCOME.json`, leading its own process group.
+    JOB.json holds the job and, under "chosen_plan", the plan the toolkit chose for it, if any."""
 
-    def __init__(self, job: Job, env: dict[str, str], job_module: str, die_with_parent: bool = False):
+    def __init__(self, job: Job, env: dict[str, str], job_module: str, die_with_parent: bool = False,
+                 plan: Plan | None = None):
         self._tmp = tempfile.TemporaryDirectory(prefix="codesign-job-")
         tmp = Path(self._tmp.name)
         self.outcome_file, self.log_file = tmp / "outcome.json", tmp / "log"
-        (tmp / "job.json").write_text(json.dumps(job.to_dict()))
+        chosen = {"chosen_plan": plan.to_dict()} if plan else {}
+        (tmp / "job.json").write_text(json.dumps({**job.to_dict(), **chosen}))
         with open(self.log_file, "w") as output:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", job_module, str(tmp / "job.json"), str(self.outcome_file)],
@@ -132,8 +136,10 @@ class LocalExecutor:
         """CPU jobs share the machine; a GPU job holds every GPU, so it runs alone."""
         return not running or (job.platform == "cpu" and all(r.job.platform == "cpu" for r in running))
 
-    def start(self, job: Job, timeout: float) -> LocalRun:
-        return LocalRun(job, timeout, JobProcess(job, job_env(job, self.cache_dir), self.job_module))
+    def start(self, job: Job, timeout: float, plan: Plan | None = None) -> LocalRun:
+        """Run the job under the plan given (one the toolkit chose), else its manual spec's."""
+        return LocalRun(job, timeout, JobProcess(job, job_env(job, self.cache_dir), self.job_module,
+                                                 plan=plan))
 
     def wait(self, running: Sequence[LocalRun], seconds: float) -> list[tuple[LocalRun, Outcome]]:
         """Block until some jobs end (or overstay) or seconds pass; returns those that ended."""

@@ -18,7 +18,7 @@ from tqdm import tqdm
 
 from codesign.errors import PlanError
 from codesign.outcome import INTERRUPTED, INVALID, Outcome
-from codesign.planner.plan import make_plan
+from codesign.planner.plan import Plan, make_plan
 from codesign.spec.jobs import PlannedJob, job_timeout
 from codesign.spec.types import Job
 from codesign.store.database import Store
@@ -31,7 +31,7 @@ class Executor(Protocol):
     """Runs jobs out of process; a handle stands for one running job."""
 
     def can_start(self, job: Job, running: Sequence[Any]) -> bool: ...  # True when none run
-    def start(self, job: Job, timeout: float) -> Any: ...
+    def start(self, job: Job, timeout: float, plan: Plan | None = None) -> Any: ...  # plan: chosen
     def wait(self, running: Sequence[Any], seconds: float) -> list[tuple[Any, Outcome]]: ...
     def cancel(self, handle: Any) -> None: ...
 

@@ -141,7 +141,7 @@ _MODEL_KEYS = {"num_features", "emb_dim", "output_per_emb", "num_zhen_layers", "
 _CLUSTER_KEYS = {"num_hosts", "num_devices_per_host", "transport", "platform"}
 _PARALLEL_KEYS = {"description", "num_micro_batches", "num_auto_layers", "remat_layer", PP_DP_OP,
                   "physical_mesh_shape", "auto_sharding_option", "host_ids", "device_ids",
-                  "pipeline_schedule"}
+                  "pipeline_schedule", "auto_trials"}
 
 
 def parse_ray(top: _Table) -> RaySettings:
@@ -212,6 +212,9 @@ def parse_parallel(t: _Table) -> ParallelSpec:
         t.fail("physical_mesh_shape", f"{list(mesh_shape)} holds {mesh_shape[0] * mesh_shape[1]} "
                f"devices but each stage needs dp * op = {pp_dp_op[1] * pp_dp_op[2]}")
     host_ids, device_ids = _placement(t, pp_dp_op)
+    if t.has("auto_trials") and not auto:
+        t.fail("auto_trials", f"applies only to description = {AUTO_SEARCH!r} (the toolkit measures "
+               f"its best predicted plans); a manual plan runs as written")
     return ParallelSpec(description=description,
                         num_micro_batches=t.int_list("num_micro_batches"),
                         num_auto_layers=t.int("num_auto_layers", default=1),
@@ -219,7 +222,8 @@ def parse_parallel(t: _Table) -> ParallelSpec:
                         pp_dp_op=pp_dp_op, physical_mesh_shape=mesh_shape,
                         auto_sharding_option=_sharding_options(t),
                         host_ids=host_ids, device_ids=device_ids,
-                        pipeline_schedule=t.choice("pipeline_schedule", SCHEDULES, "1F1B"))
+                        pipeline_schedule=t.choice("pipeline_schedule", SCHEDULES, "1F1B"),
+                        auto_trials=t.int("auto_trials", default=1))
 
 
 def _sharding_options(t: _Table) -> tuple[tuple[str, Any], ...]:

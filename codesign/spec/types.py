@@ -81,6 +81,7 @@ class ParallelSpec:
     host_ids: tuple[tuple[int, ...], ...] | None = None
     device_ids: tuple[tuple[tuple[int, ...], ...], ...] | None = None
     pipeline_schedule: str = "1F1B"
+    auto_trials: int = 1  # Auto search: measure this many of the best predicted plans, run the fastest
 
     @property
     def is_auto(self) -> bool:
@@ -92,7 +93,8 @@ class ParallelSpec:
 
     def summary(self) -> str:
         if self.is_auto:
-            return f"{AUTO_SEARCH} groups={self.num_auto_layers}"
+            trials = f" trials={self.auto_trials}" if self.auto_trials > 1 else ""
+            return f"{AUTO_SEARCH} groups={self.num_auto_layers}{trials}"
         pp, dp, op = self.pp_dp_op
         remat = " remat" if self.remat_layer else ""
         return f"pp{pp} dp{dp} op{op} groups={self.num_auto_layers}{remat}"

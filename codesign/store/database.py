@@ -26,16 +26,22 @@ from codesign.errors import StoreError
 from codesign.outcome import (
     FINAL_STATUSES,
     INTERRUPTED,
+    INVALID,
     METRIC_COLUMNS,
     RUNNING,
     SUCCEEDED,
     Outcome,
 )
+from codesign.planner.columns import plan_columns
+from codesign.planner.plan import Plan
 from codesign.spec.types import Job
 from codesign.store.schema import MIGRATIONS, SCHEMA_VERSION
 
 STALE_AFTER = 120.0  # seconds without a heartbeat before another host's attempt counts as dead
 NOW = "((julianday('now') - 2440587.5) * 86400.0)"  # the DB clock, in unix seconds
+# Errors earlier versions recorded that said nothing about the job itself: such attempts don't
+# count, so a plain rerun runs their jobs (codesign 0.1.0 recorded every Auto search job so).
+RETIRED_ERRORS = ("Auto search is not supported yet",)
 
 
 class Store:
@@ -99,9 +105,12 @@ class Store:
     # -- decisions -------------------------------------------------------------------------
 
     def decide(self, key: str, retry_failed: bool) -> str:
-        """"run", "skip" (already attempted, or succeeded under retry_failed) or "running"."""
+        """"run", "skip" (already attempted, or succeeded under retry_failed) or "running".
+        Invalid attempts with a RETIRED_ERRORS error are not attempts."""
+        retired = ", ".join("?" for _ in RETIRED_ERRORS)
         statuses = {row[0] for row in self.conn.execute(
-            "SELECT status FROM attempts WHERE job_key = ?", (key,))}
+            f"SELECT status FROM attempts WHERE job_key = ? AND NOT (status = ? AND error IN ({retired}))",
+            (key, INVALID, *RETIRED_ERRORS))}
         if RUNNING in statuses:
             return "running"
         if SUCCEEDED in statuses or (statuses and not retry_failed):
@@ -154,10 +163,15 @@ class Store:
         values: dict[str, Any] = {k: _cell(outcome.metrics.get(k)) for k in METRIC_COLUMNS}
         values.update(status=outcome.status, error=outcome.error or None, job_duration=outcome.duration)
         with self._transaction() as conn:
-            configs = conn.execute("SELECT all_configs FROM attempts WHERE id = ?", (attempt_id,)).fetchone()
-            extra = {k: v for k, v in (("plan", outcome.plan), ("losses", outcome.metrics.get("losses"))) if v}
-            if extra and configs:
-                values["all_configs"] = json.dumps({**json.loads(configs[0]), **extra})
+            row = conn.execute("SELECT all_configs, gpus_per_node FROM attempts WHERE id = ?",
+                               (attempt_id,)).fetchone()
+            extra = {k: v for k, v in (("plan", outcome.plan), ("chosen_plan", outcome.chosen_plan),
+                                       ("losses", outcome.metrics.get("losses"))) if v}
+            if extra and row:
+                values["all_configs"] = json.dumps({**json.loads(row["all_configs"]), **extra})
+            if outcome.chosen_plan and row:
+                chosen = plan_columns(Plan.from_dict(outcome.chosen_plan), row["gpus_per_node"])
+                values.update({k: _cell(v) for k, v in chosen.items()})
             sets = ", ".join(f"{k} = ?" for k in values)
             cur = conn.execute(f"UPDATE attempts SET {sets}, finished_at = {NOW}, heartbeat = {NOW} "
                                f"WHERE id = ? AND status = ?", (*values.values(), attempt_id, RUNNING))
