@@ -24,11 +24,11 @@ import psutil
 
 from codesign.errors import StoreError
 from codesign.outcome import (
+    DONE_STATUSES,
     FINAL_STATUSES,
     INTERRUPTED,
     METRIC_COLUMNS,
     RUNNING,
-    SUCCEEDED,
     Outcome,
 )
 from codesign.spec.types import Job
@@ -96,7 +96,7 @@ class Store:
             "SELECT status FROM attempts WHERE job_key = ?", (key,))} if self._has_table() else set()
         if RUNNING in statuses:
             return "running"
-        if SUCCEEDED in statuses or (statuses and not retry_failed):
+        if statuses & set(DONE_STATUSES) or (statuses and not retry_failed):
             return "skip"
         return "run"
 
@@ -151,7 +151,8 @@ class Store:
         values.update(status=outcome.status, error=outcome.error or None, job_duration=outcome.duration)
         with self._transaction() as conn:
             configs = conn.execute("SELECT all_configs FROM attempts WHERE id = ?", (attempt_id,)).fetchone()
-            extra = {k: v for k, v in (("plan", outcome.plan), ("losses", outcome.metrics.get("losses"))) if v}
+            extra = {k: v for k, v in (("plan", outcome.plan), ("losses", outcome.metrics.get("losses")),
+                                       ("prediction", outcome.metrics.get("prediction"))) if v}
             if extra and configs:
                 values["all_configs"] = json.dumps({**json.loads(configs[0]), **extra})
             sets = ", ".join(f"{k} = ?" for k in values)
@@ -173,6 +174,38 @@ class Store:
 
     def attempt_columns(self) -> list[str]:
         return [r[1] for r in self.conn.execute("PRAGMA table_info(attempts)")]
+
+    # -- device profiles -------------------------------------------------------------------
+
+    def save_profile(self, kind: str, versions: dict[str, str], platform: str, profile: dict[str, Any]) -> None:
+        """Keep a measured profile; a newer one of the same kind and versions replaces it."""
+        with self._transaction() as conn:
+            conn.execute(f"INSERT OR REPLACE INTO profiles (device_kind, versions, platform, profile, host, "
+                         f"created_at) VALUES (?, ?, ?, ?, ?, {NOW})",
+                         (kind, _versions(versions), platform, json.dumps(profile), self.host))
+
+    def profile(self, kind: str, versions: dict[str, str]) -> dict[str, Any] | None:
+        """The profile measured for this device kind under these library versions, if any."""
+        if not self._has_profiles():
+            return None
+        row = self.conn.execute("SELECT profile FROM profiles WHERE device_kind = ? AND versions = ?",
+                                (kind, _versions(versions))).fetchone()
+        return json.loads(row[0]) if row else None
+
+    def latest_profiles(self) -> dict[str, dict[str, Any]]:
+        """Device kind -> its most recent profile (whatever the versions): what simulated clusters use."""
+        if not self._has_profiles():
+            return {}
+        rows = self.conn.execute("SELECT device_kind, profile FROM profiles ORDER BY created_at, id")
+        return {kind: json.loads(profile) for kind, profile in rows}
+
+    def _has_profiles(self) -> bool:
+        return self.conn.execute(
+            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'profiles'").fetchone() is not None
+
+
+def _versions(versions: dict[str, str]) -> str:
+    return json.dumps(versions, sort_keys=True)
 
 
 def _alive(pid: int | None) -> bool:
