@@ -2,9 +2,11 @@
 
 For every succeeded attempt with a prediction: |predicted_time - median| / median and
 |predicted_memory - max_memory| / max_memory, summarised (median and p90) over all attempts,
-by platform and by plan kind.
+by platform and by plan kind. With --repredict, the predictions are recomputed by the current
+cost model from each attempt's job and the DB's device profiles (to try a model change on
+measurements already made).
 
-    python bench/bench_cost_model.py -d cost_cpu.db
+    python bench/bench_cost_model.py -d cost_cpu.db [--repredict]
 """
 
 from __future__ import annotations
@@ -32,7 +34,22 @@ def plan_kind(row: dict) -> str:
     return " ".join([kind, *marks])
 
 
-def errors(db: str) -> list[dict]:
+def repredict(db: str, rows: list[dict]) -> list[dict]:
+    """The rows with predicted_time and predicted_memory from the current cost model."""
+    from codesign.planner.cost import predict
+    from codesign.run.profiling import load_book
+    from codesign.spec.types import Job
+    from codesign.store.database import Store
+
+    store = Store(db, read_only=True)
+    try:
+        book = load_book(store)
+    finally:
+        store.close()
+    return [{**r, **predict(Job.from_dict(json.loads(r["all_configs"])), book)} for r in rows]
+
+
+def errors(db: str, fresh: bool = False) -> list[dict]:
     """One dict per succeeded attempt with a prediction: platform, kind, time and memory errors."""
     conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
     conn.row_factory = sqlite3.Row
@@ -41,6 +58,8 @@ def errors(db: str) -> list[dict]:
             "SELECT * FROM attempts WHERE status = 'succeeded' AND predicted_time IS NOT NULL")]
     finally:
         conn.close()
+    if fresh:
+        rows = repredict(db, rows)
     return [{"platform": r["platform"], "kind": plan_kind(r),
              "time": abs(r["predicted_time"] - r["median"]) / r["median"],
              "memory": abs(r["predicted_memory"] - r["max_memory"]) / r["max_memory"]} for r in rows]
@@ -55,8 +74,13 @@ def summary(found: list[dict]) -> dict[str, float]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("-d", "--db", default="results.db")
+    parser.add_argument("--repredict", action="store_true", help="Predict again with the current cost model.")
+    parser.add_argument("-v", "--verbose", action="store_true", help="Also print every attempt's errors.")
     args = parser.parse_args()
-    found = errors(args.db)
+    found = errors(args.db, args.repredict)
+    if args.verbose:
+        for e in found:
+            print(f"{e['kind']:30} time {e['time']:7.1%}  memory {e['memory']:7.1%}")
     if not found:
         print(f"{args.db}: no succeeded attempt with a prediction", file=sys.stderr)
         return 1

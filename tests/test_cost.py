@@ -119,7 +119,8 @@ def test_pipeline_simulation_waits_for_the_host_dispatch():
     plan = make_plan(job(per_host=2, pp_dp_op=(2, 1, 1), micro=2, num_auto_layers=2))
     stage = StageCost(1.0, 1.0, 0.0, {}, Memory())
     ends, _, _ = simulate(w, plan, [stage, stage])
-    assert max(ends) == pytest.approx(10.0 * (2 * 2 * 2 + 2))  # 8 calls, 2 updates, all host-bound
+    # 8 calls, 4 of them handing on an activation or cotangent (a device_put each), 2 updates
+    assert max(ends) == pytest.approx(10.0 * (8 + 4 + 2))
 
 
 def test_gpipe_holds_more_activations_than_1f1b_and_bubbles_are_reported():
@@ -203,4 +204,4 @@ def test_layer_work_adds_up_to_the_model_counts():
         works = [counts.layer_work(model, i) for i in range(model.num_zhen_layers)]
         assert sum(w.params for w in works) == counts.param_count(model)
         assert sum(w.flops for w in works) == counts.forward_flops_per_sample(model, fold_dot=True)
-        assert all(0 <= w.sharded_params < w.params and w.activations > 0 for w in works)
+        assert all(0 <= w.sharded_params < w.params and 0 <= w.sharded_activations < w.activations for w in works)

@@ -2,15 +2,16 @@
 
 Runs in its own process (`python -m codesign.engine.profile OUT.json`), the platform and the
 virtual device count set in the environment before JAX starts. It times, on one device, each
-ZHEN mixer's forward and backward at two micro-batch sizes (a line through them gives the
+ZHEN mixer's forward and backward at three micro-batch sizes (a line through them gives the
 effective FLOP/s and the fixed cost per call), a memory copy (bandwidth) and a tiny program
 (the host's cost per dispatch); across the local devices, the aggregate speed of 1, 2, 4, 8
-devices busy at once (virtual CPU devices share the machine's cores) and an all-reduce at two
-sizes (the link's bandwidth and latency). Each figure is a median of repeated timings.
+devices busy at once (virtual CPU devices share the machine's cores), all-reduces (the link's
+bandwidth and latency) and the scratch XLA gives a compiled step. Each time is a median.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import sys
@@ -26,7 +27,9 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from codesign.engine.programs import DTYPES
-from codesign.engine.step import accumulate, loss_fn
+from codesign.engine.step import accumulate, build_single_stage, loss_fn
+from codesign.planner.cost import Workload, estimate
+from codesign.planner.plan import make_plan
 from codesign.planner.profiles import LAYER, DeviceProfile, Link, Rate, library_versions
 from codesign.spec.types import (
     MIXERS,
@@ -40,17 +43,19 @@ from codesign.zhen import counts, network
 
 log = logging.getLogger("codesign.profile")
 # Widths of the probe layer (F_in, O, D) and its two micro-batch sizes, per platform.
-PROBE = {"cpu": ((32, 4, 16), (16, 256)), "gpu": ((256, 20, 160), (256, 2048))}
+PROBE = {"cpu": ((32, 4, 16), (8, 48, 128)), "gpu": ((256, 20, 160), (256, 1024, 2048))}
 
 
-def median_time(fn: Callable[[], object], repeats: int) -> float:
+def median_time(fn: Callable[[], object], repeats: int, best: bool = True) -> float:
+    """Seconds of one call: the fastest of `repeats` for micro-benchmarks (other processes only
+    ever add time), the median for whole steps (what a job's median sees)."""
     jax.block_until_ready(fn())
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
         jax.block_until_ready(fn())
         times.append(time.perf_counter() - start)
-    return float(np.median(times))
+    return float(np.min(times) if best else np.median(times))
 
 
 def call_times(module: nn.Module, z: jax.Array, repeats: int) -> tuple[float, float]:
@@ -62,31 +67,27 @@ def call_times(module: nn.Module, z: jax.Array, repeats: int) -> tuple[float, fl
     return forward, max(median_time(lambda: both(params, z), repeats) - forward, 0.05 * forward)
 
 
-def kind_rate(kind: str, platform: str, precision: str, bandwidth: float, dispatch: float, peak: float,
-              repeats: int) -> Rate:
-    """A line through two micro-batch sizes: slope -> FLOP/s (the activation traffic the cost
-    model adds apart taken out; at most the device's matmul peak, as noise can flatten a slope),
-    intercept less the dispatch -> the fixed cost per call."""
+def kind_rate(kind: str, platform: str, precision: str, dispatch: float, peak: float, repeats: int) -> Rate:
+    """A least-squares line through the probe's micro-batch sizes: slope -> effective FLOP/s at
+    the probed widths, activation traffic included (at most the device's matmul peak: noise
+    can flatten a slope), intercept less the dispatch -> the fixed cost per call."""
     (f_in, out, emb), sizes = PROBE[platform]
     dtype = DTYPES[precision]
     if kind == LAYER:
-        module, work = nn.Dense(f_in, dtype=dtype), counts.Work(flops=2 * emb * f_in * f_in, activations=emb * f_in)
+        module, flops = nn.Dense(f_in, dtype=dtype), 2 * emb * f_in * f_in
     else:
-        module, work = network.mixer(kind, _probe_spec(f_in, out, emb), dtype, kind.lower(), True), counts.mixer_work(kind, f_in, out, emb)
-    points = []
-    for b in sizes:
-        z = jax.random.normal(jax.random.key(1), (b, emb, f_in), dtype)
-        points.append(call_times(module, z, repeats))
-    (f1, b1), (f2, b2) = points
-    n1, n2 = sizes
-    traffic = work.activations * jnp.dtype(dtype).itemsize / bandwidth
+        module, flops = (network.mixer(kind, _probe_spec(f_in, out, emb), dtype, kind.lower(), True),
+                         counts.mixer_work(kind, f_in, out, emb).flops)
+    times = np.array([call_times(module, jax.random.normal(jax.random.key(1), (b, emb, f_in), dtype), repeats)
+                      for b in sizes])
 
-    def rate(t1: float, t2: float, flops: float, passes: int) -> tuple[float, float]:
-        slope = max((t2 - t1) / (n2 - n1) - passes * traffic, flops / peak)
-        return flops / slope, max(t1 - n1 * slope - dispatch, 1e-6)
+    def fit(seconds: np.ndarray, work: float) -> tuple[float, float]:
+        slope, intercept = np.polyfit(np.array(sizes, float), seconds, 1)
+        slope = max(slope, work / peak)
+        return float(work / slope), float(max(intercept - dispatch, 1e-6))
 
-    forward, overhead = rate(f1, f2, work.flops, 2)
-    backward, _ = rate(b1, b2, 2 * work.flops, 4)
+    forward, overhead = fit(times[:, 0], flops)
+    backward, _ = fit(times[:, 1], 2 * flops)
     return Rate(forward, backward, overhead)
 
 
@@ -101,10 +102,11 @@ def bandwidth(repeats: int) -> float:
     return 2 * x.nbytes / median_time(lambda: f(x), repeats)
 
 
-def dispatch_time(repeats: int) -> float:
-    f = jax.jit(lambda a, b: a + b)
-    a = jnp.ones((8,))
-    return median_time(lambda: f(a, a), 4 * repeats)
+def dispatch_time(repeats: int, arrays: int = 64) -> float:
+    """One call of a compiled program taking as many arrays as a stage's parameters and state."""
+    f = jax.jit(lambda xs: [x + 1.0 for x in xs])
+    xs = [jnp.ones((8,)) for _ in range(arrays)]
+    return median_time(lambda: f(xs), 4 * repeats)
 
 
 def speedup(repeats: int) -> tuple[float, list[tuple[int, float]]]:
@@ -125,23 +127,24 @@ def speedup(repeats: int) -> tuple[float, list[tuple[int, float]]]:
     return 4 * 256**3 / base, points
 
 
-def link(repeats: int) -> Link | None:
-    """An all-reduce over every local device at two sizes, solved for latency and bandwidth."""
+def link(repeats: int, calls: int = 32) -> Link | None:
+    """All-reduces over every local device: one large (bandwidth), and `calls` small ones in one
+    program (latency per call, as a training step's many gradient all-reduces see it)."""
     devices = jax.devices()
     n = len(devices)
     if n < 2:
         return None
     mesh = Mesh(np.array(devices), ("d",))
-    times = []
-    sizes = (2**10, 2**22)
-    for size in sizes:
-        x = jax.device_put(jnp.ones((n, size // 4), jnp.float32), NamedSharding(mesh, P("d")))
-        f = jax.jit(lambda a: jnp.sum(a, axis=0), out_shardings=NamedSharding(mesh, P()))
-        times.append(median_time(lambda: f(x), repeats))
-    per_byte = max((times[1] - times[0]) / (sizes[1] - sizes[0]), 1e-13)
-    bandwidth_ = 2 * (n - 1) / n / per_byte
-    latency = max((times[0] - sizes[0] * per_byte) / (2 * (n - 1)), 1e-7)
-    return Link(bandwidth_, latency)
+    sharded, replicated = NamedSharding(mesh, P("d")), NamedSharding(mesh, P())
+    size = 2**22
+    big = jax.device_put(jnp.ones((n, size // 4), jnp.float32), sharded)
+    reduce = jax.jit(lambda a: jnp.sum(a, axis=0), out_shardings=replicated)
+    small = [jax.device_put(jnp.full((n, 16), float(i), jnp.float32), sharded) for i in range(calls)]
+    reduce_many = jax.jit(lambda xs: [jnp.sum(a, axis=0) for a in xs], out_shardings=replicated)
+    per_call = median_time(lambda: reduce_many(small), repeats) / calls
+    latency = max(per_call / (2 * (n - 1)), 1e-7)
+    moving = max(median_time(lambda: reduce(big), repeats) - per_call, 1e-9)
+    return Link(2 * (n - 1) / n * size / moving, latency)
 
 
 def update_scratch(platform: str) -> float:
@@ -171,12 +174,49 @@ def update_scratch(platform: str) -> float:
     return max(float(stats.temp_size_in_bytes) / param_bytes - 1, 0.0) if stats is not None else 0.0
 
 
+def step_time(job: Job, repeats: int) -> float:
+    """Median seconds of the real pp = 1 training step of a job (compiled, then run)."""
+    training = build_single_stage(job, make_plan(job))
+    return median_time(training.step, 2 * repeats, best=False)
+
+
+def calibrate(profile: DeviceProfile, platform: str, repeats: int) -> DeviceProfile:
+    """Fit the probed profile to real training steps of the probe model: on one device at two
+    batch sizes, measured = scale * compute + k * (update + dispatch) gives the step's compute
+    scale and the update's effective bandwidth (bandwidth / k); then data parallel over two
+    devices gives the effective latency of one gradient all-reduce call."""
+    (f_in, out, emb), sizes = PROBE[platform]
+    model = ModelSpec(f_in, emb, out, 2, (tuple(MIXERS),) * 2)
+
+    def probe(batch: int, devices: int) -> Job:
+        return Job(model, ClusterSpec(1, devices, "NVLink", platform), TrainingSpec(batch, 3),
+                   ParallelSpec("probe", (1,), pp_dp_op=(1, devices, 1)), 1, platform)
+
+    parts, measured = [], []
+    for batch in (sizes[0], sizes[-1]):
+        job = probe(batch, 1)
+        e = estimate(Workload.of(job, profile), make_plan(job))
+        parts.append((sum(e.compute), e.seconds - sum(e.compute)))
+        measured.append(step_time(job, repeats))
+    scale, k = np.clip(np.linalg.lstsq(np.array(parts), np.array(measured), rcond=None)[0], 0.05, 20.0)
+    profile = dataclasses.replace(profile, scale=float(scale), bandwidth=profile.bandwidth / float(k))
+    if profile.link is None or len(jax.devices()) < 2:
+        return profile
+    job = probe(sizes[-1] // 2, 2)
+    w = Workload.of(job, profile)
+    e = estimate(w, make_plan(job))
+    sync = sum(e.communication.values())
+    calls = w.gradient_calls(range(model.num_zhen_layers)) * 2
+    latency = (step_time(job, repeats) - (e.seconds - sync)) / calls
+    return dataclasses.replace(profile, link=Link(profile.link.bandwidth, max(latency, profile.link.latency)))
+
+
 def device_memory(device) -> int:
     stats = device.memory_stats() or {}
     return int(stats.get("bytes_limit") or psutil.virtual_memory().total)
 
 
-def measure(repeats: int = 7) -> DeviceProfile:
+def measure(repeats: int = 5) -> DeviceProfile:
     device = jax.devices()[0]
     platform = "cpu" if device.platform == "cpu" else "gpu"
     log.info("profiling %d %s device(s) (%s)", len(jax.devices()), platform, device.device_kind)
@@ -188,14 +228,19 @@ def measure(repeats: int = 7) -> DeviceProfile:
     for precision in ("fp32", "bf16") if platform == "gpu" else ("fp32",):
         table = []
         for kind in (*MIXERS, LAYER):
-            table.append((kind, kind_rate(kind, platform, precision, bw, dispatch, peak, repeats)))
+            table.append((kind, kind_rate(kind, platform, precision, dispatch, peak, repeats)))
             log.info("  %s %s: %s", precision, kind, table[-1][1])
         rates.append((precision, tuple(table)))
-    return DeviceProfile(kind=device.device_kind if platform == "gpu" else "cpu", platform=platform,
+    probed = DeviceProfile(kind=device.device_kind if platform == "gpu" else "cpu", platform=platform,
                          memory=device_memory(device), rates=tuple(rates), bandwidth=bw, dispatch=dispatch,
                          speedup=tuple(points) if platform == "cpu" else (), link=link(repeats),
                          update_scratch=update_scratch(platform), combines_collectives=platform == "gpu",
+                         roofline=False,
                          versions=tuple(sorted(library_versions().items())), source="measured")
+    profile = calibrate(probed, platform, repeats)
+    log.info("  calibrated on real steps: compute x %.2f, update bandwidth %.3g B/s, link %s",
+             profile.scale, profile.bandwidth, profile.link)
+    return profile
 
 
 def main(argv: list[str]) -> int:

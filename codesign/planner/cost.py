@@ -122,10 +122,10 @@ def hierarchical(collective, nbytes: float, hosts: int, per_host: int, intra: Li
     return collective(nbytes, per_host, intra, calls) + collective(nbytes / per_host, hosts, inter, calls)
 
 
-def call_time(flops: float, rate: float, overhead: float) -> float:
-    """One call's seconds: its fixed cost plus its FLOPs at the measured effective rate (the
-    memory traffic of its activations is added apart, at the profile's bandwidth)."""
-    return overhead + flops / rate
+def call_time(flops: float, rate: float, overhead: float, share: float = 1.0) -> float:
+    """One call's seconds: its fixed cost plus its FLOPs at the effective rate, both slowed by
+    the share of the device's speed it gets (virtual CPU devices share cores)."""
+    return (overhead + flops / rate) / share
 
 
 def adam_time(param_bytes: float, profile: DeviceProfile) -> float:
@@ -231,15 +231,16 @@ def stage_compute(w: Workload, layers: Sequence[int], mesh: Submesh, remat: bool
         for kind, work in w.mixers[i]:
             rate = p.rate(w.precision, kind)
             flops = samples * (work.flops - work.sharded_flops + work.sharded_flops / split)
-            traffic = samples * w.activation_bytes * _split(work, split) / (p.bandwidth * share)
-            fwd += call_time(flops, rate.forward * share, rate.overhead) + 2 * traffic
-            bwd += call_time(2 * flops, rate.backward * share, 2 * rate.overhead) + 4 * traffic
+            traffic = samples * w.activation_bytes * _split(work, split) / (p.bandwidth * share) if p.roofline else 0
+            fwd += call_time(flops, rate.forward, rate.overhead, share) + traffic
+            bwd += call_time(2 * flops, rate.backward, 2 * rate.overhead, share) + 3 * traffic
             if work.sharded_flops and mesh.op > 1:
                 comm.update(_op_collectives(w, work, samples, mesh, comm))
         own, rate = w.own[i], p.rate(w.precision, LAYER)
         traffic = samples * own.activations * w.activation_bytes / (p.bandwidth * share)
-        fwd += call_time(samples * own.flops, rate.forward * share, rate.overhead) + 2 * traffic
-        bwd += call_time(2 * samples * own.flops, rate.backward * share, rate.overhead) + 4 * traffic
+        fwd += call_time(samples * own.flops, rate.forward, rate.overhead, share) + traffic
+        bwd += call_time(2 * samples * own.flops, rate.backward, rate.overhead, share) + 3 * traffic
+    fwd, bwd = fwd * p.scale, bwd * p.scale
     fwd += comm["op all-reduce"] / 2 + comm["op all-gather"] / 2
     bwd += comm["op all-reduce"] / 2 + comm["op all-gather"] / 2
     if remat:
@@ -382,15 +383,16 @@ def transfer_time(w: Workload, plan: Plan, index: int) -> float:
 
 def simulate(w: Workload, plan: Plan, stages: list[StageCost]) -> tuple[list[float], float, float]:
     """Event simulation of the pipeline engine: the host dispatches the schedule's dispatch_order
-    (each call costs profile.dispatch), each stage runs its calls in that order, a forward waits
-    for the previous stage's activation, a backward for the next stage's cotangent; then one
-    update per stage. Returns each stage's end time, when the last backward ended, and the
+    (each call, and each device_put between stages, costs profile.dispatch), each stage runs its
+    calls in that order, a forward waits for the previous stage's activation, a backward for the
+    next stage's cotangent; then one update per stage. Returns each stage's end time, when the last backward ended, and the
     seconds spent in transfers."""
     pp, micro, dispatch = len(plan.stages), plan.num_micro_batches, w.profile.dispatch
     hops = [transfer_time(w, plan, s) for s in range(pp - 1)]
     host, free, done = 0.0, [0.0] * pp, {}
     for s, kind, m in dispatch_order(plan.schedule, pp, micro):
-        host += dispatch
+        moves = (kind == FORWARD and s < pp - 1) or (kind == BACKWARD and s > 0)
+        host += dispatch * (2 if moves else 1)  # the call, and the device_put of what it hands on
         if kind == FORWARD:
             ready = done[s - 1, FORWARD, m] + hops[s - 1] if s > 0 else 0.0
             seconds = stages[s].forward

@@ -53,6 +53,9 @@ class DeviceProfile:
     link: Link | None = None  # between local devices (CPU); GPUs use the transport's links
     update_scratch: float = 0.0  # gradient-sized scratch buffers of a compiled pp = 1 step, beyond the gradients
     combines_collectives: bool = True  # XLA merges a step's gradient collectives (GPU); CPU: one per array
+    roofline: bool = True  # rates count FLOPs only, activation traffic is added at `bandwidth`;
+    # False: measured rates already include the traffic at the probed widths
+    scale: float = 1.0  # a compiled step's compute over the sum of its mixers probed one by one
     versions: tuple[tuple[str, str], ...] = ()
     source: str = "built-in"
 
@@ -83,6 +86,7 @@ class DeviceProfile:
                    link=Link(**data["link"]) if data.get("link") else None,
                    update_scratch=float(data.get("update_scratch", 0.0)),
                    combines_collectives=bool(data.get("combines_collectives", True)),
+                   roofline=bool(data.get("roofline", True)), scale=float(data.get("scale", 1.0)),
                    versions=tuple(sorted(data.get("versions", {}).items())), source=data.get("source", "measured"))
 
 
@@ -93,20 +97,20 @@ DEFAULT_LINKS = {"NVLink": Link(360e9, 10e-6), "EFAx4": Link(40e9, 30e-6), "TCPx
 
 def _uniform(matmul: float, overhead: float, elementwise: float) -> tuple[tuple[str, Rate], ...]:
     """Every mixer at one effective matmul rate (backward a little less efficient); the layer's
-    own work (LayerNorm, concat) is element-wise."""
+    own work (the skip projection; its LayerNorm and concat are memory traffic) at another."""
     rates = [(k, Rate(matmul, 0.8 * matmul, overhead)) for k in MIXERS]
     return (*rates, (LAYER, Rate(elementwise, elementwise, overhead)))
 
 
 def _gpu(kind: str, memory_gib: float, bf16: float, tf32: float, bandwidth: float) -> DeviceProfile:
     """A GPU from its dense peak FLOP/s (bf16, and TF32 for fp32) and HBM bandwidth. The
-    efficiencies (35% of peak for the mixers' FLOPs, 80% of HBM, 70 us per mixer call) reproduce
-    the seed model's measured steps within 6% (../shared/perf/README.md: H200 14.2 ms bf16,
+    efficiencies (40% of peak for the mixers' FLOPs, 80% of HBM, 70 us per mixer call) reproduce
+    the seed model's measured steps within 7% (../shared/perf/README.md: H200 14.2 ms bf16,
     21.4 ms fp32; H100 16.5 ms, 24.3 ms at batch 1024); tests/test_cost.py checks that."""
     launch = 70e-6  # the kernels of one mixer call, and the gaps between them
     return DeviceProfile(kind=kind, platform="gpu", memory=int(memory_gib * 2**30),
-                         rates=(("bf16", _uniform(0.35 * bf16, launch, 0.1 * bf16)),
-                                ("fp32", _uniform(0.35 * tf32, launch, 0.1 * tf32))),
+                         rates=(("bf16", _uniform(0.4 * bf16, launch, 0.1 * bf16)),
+                                ("fp32", _uniform(0.4 * tf32, launch, 0.1 * tf32))),
                          bandwidth=0.8 * bandwidth, dispatch=30e-6)
 
 
@@ -119,7 +123,7 @@ BUILTIN: dict[str, DeviceProfile] = {
     "cpu": DeviceProfile(kind="cpu", platform="cpu", memory=8 * 2**30,
                          rates=(("fp32", _uniform(20e9, 60e-6, 2e9)),),
                          bandwidth=5e9, dispatch=150e-6, speedup=((1, 1.0), (2, 1.3), (4, 1.4), (8, 1.4)),
-                         link=Link(4e9, 20e-6), update_scratch=2.0, combines_collectives=False),
+                         link=Link(4e9, 20e-6), update_scratch=1.5, combines_collectives=False, roofline=False),
 }
 
 

@@ -121,17 +121,20 @@ class Work:
 
 
 def mixer_work(kind: str, f_in: int, out: int, emb: int, fold_dot: bool = True) -> Work:
-    """Per-sample work of one mixer as the engine runs it (the DOT FC folded by default)."""
+    """Per-sample work of one mixer as the engine runs it (the DOT FC folded by default).
+    Activations: DOT keeps its Gram matrix, the gathered pairs, its hidden layer before and
+    after ReLU and its output; attention its tokens, q/k/v, scores and softmax, the FFN's hidden
+    layer (twice) and the norms' inputs and outputs; convolution its input and output planes."""
     flops, params, od = mixer_flops(kind, f_in, out, emb, fold_dot), mixer_params(kind, f_in, out, emb), out * emb
     if kind == "DOT":
         pairs = f_in * (f_in + 1) // 2 if fold_dot else f_in * f_in
         sharded = 2 * pairs * DOT_HIDDEN + 2 * DOT_HIDDEN * od
         return Work(flops, sharded, params, f_in * f_in * DOT_HIDDEN + DOT_HIDDEN + DOT_HIDDEN * od,
-                    f_in * f_in + pairs + od, 2 * DOT_HIDDEN, 4)
+                    f_in * f_in + pairs + 2 * DOT_HIDDEN + od, 2 * DOT_HIDDEN, 4)
     if kind == "ATTENTION":
         ffn = 2 * 2 * od * FFN_HIDDEN
         return Work(flops, ffn, params, 2 * emb * FFN_HIDDEN + FFN_HIDDEN,
-                    12 * od + 2 * out * out, 2 * out * FFN_HIDDEN, 13)
+                    12 * od + 2 * out * out + 2 * out * FFN_HIDDEN, 2 * out * FFN_HIDDEN, 13)
     if kind == "CONVOLUTION":
         return Work(flops, 0, params, 0, 2 * emb * f_in + od, 0, 4)
     return Work(flops, 0, params, 0, od, 0, 2)
