@@ -18,54 +18,7 @@ from tests.conftest import REPO, run_cli
 SIM_JOB = Job(ModelSpec(4, 2, 1, 1, (("LINEAR",),)), ClusterSpec(1, 8, "NVLink", "sim", "H100"),
               TrainingSpec(2, 2), ParallelSpec("dp", (1,), 1, False, (1, 8, 1)), 1, "sim")
 
-SEED_SIM = """
-[training_spec]
-avg_batch_size_per_device = 1024
-num_iters = 10
-
-[[model]]
-num_features = 512
-emb_dim = 160
-output_per_emb = 20
-num_zhen_layers = 4
-tokens = ["ATTENTION", "LINEAR", "ATTENTION", "DOT"]
-
-[[cluster_spec]]
-num_hosts = 1
-num_devices_per_host = 8
-transport = "NVLink"
-platform = "sim"
-device = "H100"
-
-[[cluster_spec]]
-num_hosts = 2
-num_devices_per_host = 8
-transport = "EFAx4"
-platform = "sim"
-device = "H100"
-
-[[cluster_spec]]
-num_hosts = 8
-num_devices_per_host = 8
-transport = "EFAx4"
-platform = "sim"
-device = "H100"
-
-[[parallel_spec]]
-description = "data parallel"
-num_micro_batches = [4]
-"(pp, dp, op)" = [1, 8, 1]
-
-[[parallel_spec]]
-description = "pipeline"
-num_micro_batches = [4]
-"(pp, dp, op)" = [2, 4, 1]
-num_auto_layers = 2
-
-[[parallel_spec]]
-description = "Auto search"
-num_micro_batches = [4]
-"""
+SEED_SIM = (REPO / "bench" / "plan_sim.toml").read_text()  # seed model on 8, 16, 64 simulated H100s
 
 
 def rows(db) -> list[dict]:

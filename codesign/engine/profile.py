@@ -180,11 +180,19 @@ def step_time(job: Job, repeats: int) -> float:
     return median_time(training.step, 2 * repeats, best=False)
 
 
+def rescaled(profile: DeviceProfile, fixed: float, flops: float) -> DeviceProfile:
+    """The profile with its fixed costs (per mixer call, Adam's traffic) multiplied by
+    `fixed` and its FLOP-proportional times by `flops`."""
+    rates = tuple((p, tuple((k, Rate(r.forward / flops, r.backward / flops, r.overhead * fixed)) for k, r in table))
+                  for p, table in profile.rates)
+    return dataclasses.replace(profile, rates=rates, bandwidth=profile.bandwidth / fixed)
+
+
 def calibrate(profile: DeviceProfile, platform: str, repeats: int) -> DeviceProfile:
-    """Fit the probed profile to real training steps of the probe model: on one device at two
-    batch sizes, measured = scale * compute + k * (update + dispatch) gives the step's compute
-    scale and the update's effective bandwidth (bandwidth / k); then data parallel over two
-    devices gives the effective latency of one gradient all-reduce call."""
+    """Fit the probed profile to real training steps of the probe model. Mixers probed one by
+    one are not a compiled step (fused, scheduled together): on one device at two batch sizes,
+    measured = a * fixed costs + b * FLOP-proportional costs gives the two factors. Then data
+    parallel over two devices gives the effective latency of one gradient all-reduce call."""
     (f_in, out, emb), sizes = PROBE[platform]
     model = ModelSpec(f_in, emb, out, 2, (tuple(MIXERS),) * 2)
 
@@ -192,14 +200,15 @@ def calibrate(profile: DeviceProfile, platform: str, repeats: int) -> DeviceProf
         return Job(model, ClusterSpec(1, devices, "NVLink", platform), TrainingSpec(batch, 3),
                    ParallelSpec("probe", (1,), pp_dp_op=(1, devices, 1)), 1, platform)
 
+    no_flops = rescaled(profile, 1.0, 1e-9)
     parts, measured = [], []
     for batch in (sizes[0], sizes[-1]):
-        job = probe(batch, 1)
-        e = estimate(Workload.of(job, profile), make_plan(job))
-        parts.append((sum(e.compute), e.seconds - sum(e.compute)))
+        job, plan = probe(batch, 1), make_plan(probe(batch, 1))
+        total, fixed = (estimate(Workload.of(job, p), plan).seconds for p in (profile, no_flops))
+        parts.append((fixed, total - fixed))
         measured.append(step_time(job, repeats))
-    scale, k = np.clip(np.linalg.lstsq(np.array(parts), np.array(measured), rcond=None)[0], 0.05, 20.0)
-    profile = dataclasses.replace(profile, scale=float(scale), bandwidth=profile.bandwidth / float(k))
+    a, b = np.clip(np.linalg.lstsq(np.array(parts), np.array(measured), rcond=None)[0], 0.05, 20.0)
+    profile = rescaled(profile, float(a), float(b))
     if profile.link is None or len(jax.devices()) < 2:
         return profile
     job = probe(sizes[-1] // 2, 2)
@@ -220,7 +229,7 @@ def measure(repeats: int = 5) -> DeviceProfile:
     device = jax.devices()[0]
     platform = "cpu" if device.platform == "cpu" else "gpu"
     log.info("profiling %d %s device(s) (%s)", len(jax.devices()), platform, device.device_kind)
-    bw, dispatch = bandwidth(repeats), dispatch_time(repeats)
+    bw, dispatch, call = bandwidth(repeats), dispatch_time(repeats), dispatch_time(repeats, 2)
     peak, points = speedup(repeats)
     log.info("  matmul %.3g FLOP/s, memory %.3g B/s, dispatch %.3g s; aggregate speed of n busy devices: %s",
              peak, bw, dispatch, points)
@@ -228,7 +237,7 @@ def measure(repeats: int = 5) -> DeviceProfile:
     for precision in ("fp32", "bf16") if platform == "gpu" else ("fp32",):
         table = []
         for kind in (*MIXERS, LAYER):
-            table.append((kind, kind_rate(kind, platform, precision, dispatch, peak, repeats)))
+            table.append((kind, kind_rate(kind, platform, precision, call, peak, repeats)))
             log.info("  %s %s: %s", precision, kind, table[-1][1])
         rates.append((precision, tuple(table)))
     probed = DeviceProfile(kind=device.device_kind if platform == "gpu" else "cpu", platform=platform,
@@ -238,8 +247,9 @@ def measure(repeats: int = 5) -> DeviceProfile:
                          roofline=False,
                          versions=tuple(sorted(library_versions().items())), source="measured")
     profile = calibrate(probed, platform, repeats)
-    log.info("  calibrated on real steps: compute x %.2f, update bandwidth %.3g B/s, link %s",
-             profile.scale, profile.bandwidth, profile.link)
+    log.info("  calibrated on real steps: Adam's bandwidth %.3g B/s, FLOP rates x %.2f, link %s",
+             profile.bandwidth, profile.rate("fp32", "DOT").forward / probed.rate("fp32", "DOT").forward,
+             profile.link)
     return profile
 
 

@@ -240,7 +240,6 @@ def stage_compute(w: Workload, layers: Sequence[int], mesh: Submesh, remat: bool
         traffic = samples * own.activations * w.activation_bytes / (p.bandwidth * share)
         fwd += call_time(samples * own.flops, rate.forward, rate.overhead, share) + traffic
         bwd += call_time(2 * samples * own.flops, rate.backward, rate.overhead, share) + 3 * traffic
-    fwd, bwd = fwd * p.scale, bwd * p.scale
     fwd += comm["op all-reduce"] / 2 + comm["op all-gather"] / 2
     bwd += comm["op all-reduce"] / 2 + comm["op all-gather"] / 2
     if remat:

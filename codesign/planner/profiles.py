@@ -55,7 +55,6 @@ class DeviceProfile:
     combines_collectives: bool = True  # XLA merges a step's gradient collectives (GPU); CPU: one per array
     roofline: bool = True  # rates count FLOPs only, activation traffic is added at `bandwidth`;
     # False: measured rates already include the traffic at the probed widths
-    scale: float = 1.0  # a compiled step's compute over the sum of its mixers probed one by one
     versions: tuple[tuple[str, str], ...] = ()
     source: str = "built-in"
 
@@ -86,7 +85,7 @@ class DeviceProfile:
                    link=Link(**data["link"]) if data.get("link") else None,
                    update_scratch=float(data.get("update_scratch", 0.0)),
                    combines_collectives=bool(data.get("combines_collectives", True)),
-                   roofline=bool(data.get("roofline", True)), scale=float(data.get("scale", 1.0)),
+                   roofline=bool(data.get("roofline", True)),
                    versions=tuple(sorted(data.get("versions", {}).items())), source=data.get("source", "measured"))
 
 
