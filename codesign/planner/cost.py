@@ -232,8 +232,10 @@ def stage_compute(w: Workload, layers: Sequence[int], mesh: Submesh, remat: bool
             rate = p.rate(w.precision, kind)
             flops = samples * (work.flops - work.sharded_flops + work.sharded_flops / split)
             traffic = samples * w.activation_bytes * _split(work, split) / (p.bandwidth * share) if p.roofline else 0
-            fwd += call_time(flops, rate.forward, rate.overhead, share) + traffic
-            bwd += call_time(2 * flops, rate.backward, 2 * rate.overhead, share) + 3 * traffic
+            folding = (work.weight_traffic - work.sharded_weight_traffic + work.sharded_weight_traffic / mesh.op
+                       ) * PARAM_BYTES / (p.bandwidth * share)
+            fwd += call_time(flops, rate.forward, rate.overhead, share) + traffic + folding
+            bwd += call_time(2 * flops, rate.backward, 2 * rate.overhead, share) + 3 * traffic + 2 * folding
             if work.sharded_flops and mesh.op > 1:
                 comm.update(_op_collectives(w, work, samples, mesh, comm))
         own, rate = w.own[i], p.rate(w.precision, LAYER)
