@@ -12,7 +12,7 @@ Pure Python and numpy (no JAX): pricing a plan takes microseconds. Three parts, 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Iterable, Sequence
 
 from codesign.errors import PlanError
@@ -146,9 +146,9 @@ class Workload:
     profile: DeviceProfile
     intra: Link
     inter: Link
-    layers: tuple[counts.Work, ...] = field(default=())  # per layer, all of it
-    own: tuple[counts.Work, ...] = field(default=())  # per layer, outside its mixers
-    mixers: tuple[tuple[tuple[str, counts.Work], ...], ...] = field(default=())
+    layers: tuple[counts.Work, ...]  # per layer, all of it
+    own: tuple[counts.Work, ...]  # per layer, outside its mixers
+    mixers: tuple[tuple[tuple[str, counts.Work], ...], ...]  # per layer, (kind, work) of each mixer
 
     @classmethod
     def of(cls, job: Job, profile: DeviceProfile, links: Iterable[LinkSpec] = ()) -> Workload:

@@ -142,10 +142,13 @@ class ProfileBook:
     kind this machine's devices are on each platform."""
 
     profiles: dict[str, DeviceProfile] = field(default_factory=lambda: dict(BUILTIN))
-    local: dict[str, str] = field(default_factory=lambda: {"cpu": "cpu"})
+    local: dict[str, str] = field(default_factory=lambda: {"cpu": "cpu", "gpu": "H100", "auto": "H100"})
 
     def add(self, profile: DeviceProfile) -> None:
+        """Keep a measured profile; a GPU one also says which GPUs this machine (or DB) has."""
         self.profiles[profile.kind] = profile
+        if profile.platform == "gpu":
+            self.local["gpu"] = self.local["auto"] = profile.kind
 
     @property
     def kinds(self) -> list[str]:
