@@ -232,8 +232,7 @@ def stage_compute(w: Workload, layers: Sequence[int], mesh: Submesh, remat: bool
             rate = p.rate(w.precision, kind)
             flops = samples * (work.flops - work.sharded_flops + work.sharded_flops / split)
             traffic = samples * w.activation_bytes * _split(work, split) / (p.bandwidth * share) if p.roofline else 0
-            folding = (work.weight_traffic - work.sharded_weight_traffic + work.sharded_weight_traffic / mesh.op
-                       ) * PARAM_BYTES / (p.bandwidth * share)
+            folding = 3 * work.folded_kernel / mesh.op * PARAM_BYTES / (p.bandwidth * share)  # 2 gathers, a sum
             fwd += call_time(flops, rate.forward, rate.overhead, share) + traffic + folding
             bwd += call_time(2 * flops, rate.backward, 2 * rate.overhead, share) + 3 * traffic + 2 * folding
             if work.sharded_flops and mesh.op > 1:
@@ -296,31 +295,37 @@ def stage_memory(w: Workload, layers: Sequence[int], groups: Sequence[Sequence[i
     """Peak bytes per device of a stage: fp32 parameters, gradients and Adam's two moments
     (gradients and moments 1/dp under ZeRO-2), `in_flight` micro-batches' residuals (with remat,
     only each group's input carry), and workspace: the batch data the first (inputs) and last
-    (targets) stage hold, plus scratch. One fused step (pp = 1) holds one micro-batch's working
-    set, the gradient accumulator and the update's scratch at once; a pipeline stage runs them
-    as separate programs, so only the largest counts."""
+    (targets) stage hold, plus scratch: one layer's working set (and, accumulating micro-batches
+    in one fused step, the accumulator) or the update's scratch, whichever is larger (the update
+    runs after the backward has freed the activations; a pipeline stage runs it apart)."""
     params = stage_params(w, layers, mesh.op) * PARAM_BYTES
     grads = params / mesh.dp if zero else params
     samples = w.micro_batch / mesh.batch_shards
     split = mesh.op if mesh.batch_axis == "dp" else 1
     per_layer = {i: samples * w.activation_bytes * _split(w.layers[i], split) for i in layers}
     carry = {i: samples * w.activation_bytes * _carry_in(w.model, i) for i in layers}
+    # The folded DOT kernel: a residual of each micro-batch when a stage's forward hands its
+    # residuals out of the program (pp > 1); its gradient and the scatter back into the full
+    # kernel are the backward's scratch. Inside one fused step XLA keeps one copy (update_scratch).
+    folded = {i: 0.0 if fused else w.layers[i].folded_kernel / mesh.op * PARAM_BYTES for i in layers}
+    scratch = {i: per_layer[i] + 2 * folded[i] + (w.layers[i].sharded_params / mesh.op * PARAM_BYTES
+                                                   if folded[i] else 0.0) for i in layers}
     if remat:
         kept = sum(carry[g[0]] for g in groups)
-        working = max(sum(per_layer[i] for i in g) for g in groups)
+        working = max(sum(per_layer[i] for i in g) + max(scratch[i] - per_layer[i] for i in g) for g in groups)
     else:
-        kept = sum(per_layer.values()) + carry[layers[0]]
-        working = max(per_layer.values())
+        kept = sum(per_layer.values()) + carry[layers[0]] + sum(folded.values())
+        working = max(scratch.values())
     first, last = data_samples
     data = (w.global_batch / mesh.batch_shards) * 4 * (
         (counts.input_width(w.model) if first else 0) + (counts.output_width(w.model) if last else 0))
+    activations = in_flight * kept
     update = w.profile.update_scratch * grads
-    if fused:
-        scratch = working + update + (grads if w.micro_batches > 1 else 0.0)
+    if fused:  # the update runs once the backward has freed the activations
+        scratch = max(working + (grads if w.micro_batches > 1 else 0.0), update - activations)
     else:
         scratch = max(working, update)
-    return Memory(params=params, grads=grads, adam=2 * grads, activations=in_flight * kept,
-                  workspace=data + scratch)
+    return Memory(params=params, grads=grads, adam=2 * grads, activations=activations, workspace=data + scratch)
 
 
 def _carry_in(m: ModelSpec, i: int) -> int:

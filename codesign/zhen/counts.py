@@ -111,16 +111,14 @@ class Work:
     activations: int = 0
     sharded_activations: int = 0
     tensors: int = 0  # parameter arrays: each is its own gradient collective unless XLA combines them
-    weight_traffic: int = 0  # elements a call moves whatever the batch (the folded DOT gathers its kernel)
-    sharded_weight_traffic: int = 0
+    folded_kernel: int = 0  # the folded DOT's kernel rows (sharded over op), rebuilt every call
 
     def __add__(self, other: Work) -> Work:
         return Work(*(a + b for a, b in zip(self.astuple(), other.astuple())))
 
     def astuple(self) -> tuple[int, ...]:
         return (self.flops, self.sharded_flops, self.params, self.sharded_params,
-                self.activations, self.sharded_activations, self.tensors, self.weight_traffic,
-                self.sharded_weight_traffic)
+                self.activations, self.sharded_activations, self.tensors, self.folded_kernel)
 
 
 def mixer_work(kind: str, f_in: int, out: int, emb: int, fold_dot: bool = True) -> Work:
@@ -132,9 +130,9 @@ def mixer_work(kind: str, f_in: int, out: int, emb: int, fold_dot: bool = True) 
     if kind == "DOT":
         pairs = f_in * (f_in + 1) // 2 if fold_dot else f_in * f_in
         sharded = 2 * pairs * DOT_HIDDEN + 2 * DOT_HIDDEN * od
-        fold = 3 * pairs * DOT_HIDDEN if fold_dot else 0  # two row gathers and their sum, per call
         return Work(flops, sharded, params, f_in * f_in * DOT_HIDDEN + DOT_HIDDEN + DOT_HIDDEN * od,
-                    f_in * f_in + pairs + 2 * DOT_HIDDEN + od, 2 * DOT_HIDDEN, 4, fold, fold)
+                    f_in * f_in + pairs + 2 * DOT_HIDDEN + od, 2 * DOT_HIDDEN, 4,
+                    pairs * DOT_HIDDEN if fold_dot else 0)
     if kind == "ATTENTION":
         ffn = 2 * 2 * od * FFN_HIDDEN
         return Work(flops, ffn, params, 2 * emb * FFN_HIDDEN + FFN_HIDDEN,
