@@ -102,6 +102,15 @@ def bandwidth(repeats: int) -> float:
     return 2 * x.nbytes / median_time(lambda: f(x), repeats)
 
 
+def gather_bandwidth(platform: str, repeats: int) -> float:
+    """Bytes/s of the folded DOT's kernel traffic: its backward at one sample, a kernel as wide
+    as a first layer's (the scatter into the full kernel's gradient dominates)."""
+    f_in = {"cpu": 64, "gpu": 512}[platform]
+    module = network.mixer("DOT", _probe_spec(f_in, 4, 8), jnp.float32, "dot", True)
+    _, backward = call_times(module, jnp.ones((1, 8, f_in), jnp.float32), repeats)
+    return 4 * counts.mixer_work("DOT", f_in, 4, 8).kernel_scatter / backward
+
+
 def dispatch_time(repeats: int, arrays: int = 64) -> float:
     """One call of a compiled program taking as many arrays as a stage's parameters and state."""
     f = jax.jit(lambda xs: [x + 1.0 for x in xs])
@@ -250,7 +259,8 @@ def measure(repeats: int = 5) -> DeviceProfile:
             log.info("  %s %s: %s", precision, kind, table[-1][1])
         rates.append((precision, tuple(table)))
     probed = DeviceProfile(kind=device.device_kind if platform == "gpu" else "cpu", platform=platform,
-                         memory=device_memory(device), rates=tuple(rates), bandwidth=bw, dispatch=dispatch,
+                         memory=device_memory(device), rates=tuple(rates), bandwidth=bw,
+                         gather_bandwidth=gather_bandwidth(platform, repeats), dispatch=dispatch,
                          speedup=tuple(points) if platform == "cpu" else (), link=link(repeats),
                          update_scratch=update_scratch(platform), combines_collectives=platform == "gpu",
                          roofline=False,

@@ -232,9 +232,10 @@ def stage_compute(w: Workload, layers: Sequence[int], mesh: Submesh, remat: bool
             rate = p.rate(w.precision, kind)
             flops = samples * (work.flops - work.sharded_flops + work.sharded_flops / split)
             traffic = samples * w.activation_bytes * _split(work, split) / (p.bandwidth * share) if p.roofline else 0
-            folding = 3 * work.folded_kernel / mesh.op * PARAM_BYTES / (p.bandwidth * share)  # 2 gathers, a sum
-            fwd += call_time(flops, rate.forward, rate.overhead, share) + traffic + folding
-            bwd += call_time(2 * flops, rate.backward, 2 * rate.overhead, share) + 3 * traffic + 2 * folding
+            gather = PARAM_BYTES / mesh.op / (p.gather_bandwidth * share)  # the folded DOT's kernel
+            fwd += call_time(flops, rate.forward, rate.overhead, share) + traffic + 3 * work.folded_kernel * gather
+            bwd += call_time(2 * flops, rate.backward, 2 * rate.overhead, share) + 3 * traffic + (
+                work.kernel_scatter * gather)
             if work.sharded_flops and mesh.op > 1:
                 comm.update(_op_collectives(w, work, samples, mesh, comm))
         own, rate = w.own[i], p.rate(w.precision, LAYER)

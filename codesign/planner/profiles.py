@@ -48,6 +48,7 @@ class DeviceProfile:
     memory: int  # bytes per device
     rates: tuple[tuple[str, tuple[tuple[str, Rate], ...]], ...]  # precision -> (mixer kind | LAYER -> Rate)
     bandwidth: float  # memory bytes/s (Adam's update, activation traffic)
+    gather_bandwidth: float  # bytes/s of the folded DOT's kernel gathers and scatters
     dispatch: float  # seconds the host spends per program call
     speedup: tuple[tuple[int, float], ...] = ()  # n busy devices -> aggregate speed vs one; () = independent
     link: Link | None = None  # between local devices (CPU); GPUs use the transport's links
@@ -80,7 +81,8 @@ class DeviceProfile:
     def from_dict(cls, data: Mapping[str, Any]) -> DeviceProfile:
         rates = tuple((p, tuple((k, Rate(**r)) for k, r in table.items())) for p, table in data["rates"].items())
         return cls(kind=data["kind"], platform=data["platform"], memory=int(data["memory"]), rates=rates,
-                   bandwidth=float(data["bandwidth"]), dispatch=float(data["dispatch"]),
+                   bandwidth=float(data["bandwidth"]), gather_bandwidth=float(data.get("gather_bandwidth", data["bandwidth"])),
+                   dispatch=float(data["dispatch"]),
                    speedup=tuple((int(n), float(s)) for n, s in data.get("speedup", ())),
                    link=Link(**data["link"]) if data.get("link") else None,
                    update_scratch=float(data.get("update_scratch", 0.0)),
@@ -110,7 +112,7 @@ def _gpu(kind: str, memory_gib: float, bf16: float, tf32: float, bandwidth: floa
     return DeviceProfile(kind=kind, platform="gpu", memory=int(memory_gib * 2**30),
                          rates=(("bf16", _uniform(0.4 * bf16, launch, 0.1 * bf16)),
                                 ("fp32", _uniform(0.4 * tf32, launch, 0.1 * tf32))),
-                         bandwidth=0.8 * bandwidth, dispatch=30e-6)
+                         bandwidth=0.8 * bandwidth, gather_bandwidth=0.8 * bandwidth, dispatch=30e-6)
 
 
 BUILTIN: dict[str, DeviceProfile] = {
@@ -121,7 +123,7 @@ BUILTIN: dict[str, DeviceProfile] = {
     # virtual devices; figures of the same order as a measured profile, refined by measurement.
     "cpu": DeviceProfile(kind="cpu", platform="cpu", memory=8 * 2**30,
                          rates=(("fp32", _uniform(20e9, 60e-6, 2e9)),),
-                         bandwidth=5e9, dispatch=150e-6, speedup=((1, 1.0), (2, 1.3), (4, 1.4), (8, 1.4)),
+                         bandwidth=5e9, gather_bandwidth=1e9, dispatch=100e-6, speedup=((1, 1.0), (2, 1.3), (4, 1.4), (8, 1.4)),
                          link=Link(4e9, 20e-6), update_scratch=1.5, combines_collectives=False, roofline=False),
 }
 

@@ -111,14 +111,16 @@ class Work:
     activations: int = 0
     sharded_activations: int = 0
     tensors: int = 0  # parameter arrays: each is its own gradient collective unless XLA combines them
-    folded_kernel: int = 0  # the folded DOT's kernel rows (sharded over op), rebuilt every call
+    folded_kernel: int = 0  # the folded DOT's kernel rows (sharded over op), gathered every forward
+    kernel_scatter: int = 0  # elements its backward scatters back into the full kernel's gradient
 
     def __add__(self, other: Work) -> Work:
         return Work(*(a + b for a, b in zip(self.astuple(), other.astuple())))
 
     def astuple(self) -> tuple[int, ...]:
         return (self.flops, self.sharded_flops, self.params, self.sharded_params,
-                self.activations, self.sharded_activations, self.tensors, self.folded_kernel)
+                self.activations, self.sharded_activations, self.tensors, self.folded_kernel,
+                self.kernel_scatter)
 
 
 def mixer_work(kind: str, f_in: int, out: int, emb: int, fold_dot: bool = True) -> Work:
@@ -132,7 +134,7 @@ def mixer_work(kind: str, f_in: int, out: int, emb: int, fold_dot: bool = True) 
         sharded = 2 * pairs * DOT_HIDDEN + 2 * DOT_HIDDEN * od
         return Work(flops, sharded, params, f_in * f_in * DOT_HIDDEN + DOT_HIDDEN + DOT_HIDDEN * od,
                     f_in * f_in + pairs + 2 * DOT_HIDDEN + od, 2 * DOT_HIDDEN, 4,
-                    pairs * DOT_HIDDEN if fold_dot else 0)
+                    pairs * DOT_HIDDEN if fold_dot else 0, (f_in * f_in + 2 * pairs) * DOT_HIDDEN if fold_dot else 0)
     if kind == "ATTENTION":
         ffn = 2 * 2 * od * FFN_HIDDEN
         return Work(flops, ffn, params, 2 * emb * FFN_HIDDEN + FFN_HIDDEN,
