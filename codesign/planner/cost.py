@@ -237,7 +237,8 @@ def stage_compute(w: Workload, layers: Sequence[int], mesh: Submesh, remat: bool
             bwd += call_time(2 * flops, rate.backward, 2 * rate.overhead, share) + 3 * traffic + (
                 work.kernel_scatter * gather)
             if work.sharded_flops and mesh.op > 1:
-                comm.update(_op_collectives(w, work, samples, mesh, comm))
+                collective, seconds = _op_collective(w, work, samples, mesh)
+                comm[collective] += seconds
         own, rate = w.own[i], p.rate(w.precision, LAYER)
         traffic = samples * own.activations * w.activation_bytes / (p.bandwidth * share)
         fwd += call_time(samples * own.flops, rate.forward, rate.overhead, share) + traffic
@@ -254,14 +255,14 @@ def _split(work: counts.Work, op: int) -> float:
     return work.activations - work.sharded_activations + work.sharded_activations / op
 
 
-def _op_collectives(w: Workload, work: counts.Work, samples: float, mesh: Submesh,
-                    comm: dict[str, float]) -> dict[str, float]:
+def _op_collective(w: Workload, work: counts.Work, samples: float, mesh: Submesh) -> tuple[str, float]:
+    """One op-sharded mixer's collectives per micro-batch (forward and backward)."""
     if mesh.batch_axis == "dp":
         out = samples * w.model.output_per_emb * w.model.emb_dim * w.activation_bytes
-        return {"op all-reduce": comm["op all-reduce"] + 2 * w.collective(all_reduce, out, mesh.op_group)}
+        return "op all-reduce", 2 * w.collective(all_reduce, out, mesh.op_group)
     weights = work.sharded_params * PARAM_BYTES
-    return {"op all-gather": comm["op all-gather"] + w.collective(all_gather, weights, mesh.op_group)
-            + w.collective(reduce_scatter, weights, mesh.op_group)}
+    return "op all-gather", (w.collective(all_gather, weights, mesh.op_group)
+                             + w.collective(reduce_scatter, weights, mesh.op_group))
 
 
 def stage_params(w: Workload, layers: Sequence[int], op: int) -> float:
@@ -309,14 +310,14 @@ def stage_memory(w: Workload, layers: Sequence[int], groups: Sequence[Sequence[i
     # residuals out of the program (pp > 1); its gradient and the scatter back into the full
     # kernel are the backward's scratch. Inside one fused step XLA keeps one copy (update_scratch).
     folded = {i: 0.0 if fused else w.layers[i].folded_kernel / mesh.op * PARAM_BYTES for i in layers}
-    scratch = {i: per_layer[i] + 2 * folded[i] + (w.layers[i].sharded_params / mesh.op * PARAM_BYTES
-                                                   if folded[i] else 0.0) for i in layers}
+    backward = {i: 2 * folded[i] + (w.layers[i].sharded_params / mesh.op * PARAM_BYTES if folded[i] else 0.0)
+                for i in layers}
     if remat:
         kept = sum(carry[g[0]] for g in groups)
-        working = max(sum(per_layer[i] for i in g) + max(scratch[i] - per_layer[i] for i in g) for g in groups)
+        working = max(sum(per_layer[i] for i in g) + max(backward[i] for i in g) for g in groups)
     else:
         kept = sum(per_layer.values()) + carry[layers[0]] + sum(folded.values())
-        working = max(scratch.values())
+        working = max(per_layer[i] + backward[i] for i in layers)
     first, last = data_samples
     data = (w.global_batch / mesh.batch_shards) * 4 * (
         (counts.input_width(w.model) if first else 0) + (counts.output_width(w.model) if last else 0))
