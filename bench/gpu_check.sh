@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The one prepared GPU check (device tool): the step bench on the seed model, then
-# codesign/models/zhen_gpu.toml through the real CLI. Uses the machine's own JAX; writes
+# codesign/models/zhen_gpu.toml through the real CLI (which profiles the GPU first for the cost
+# model), then the cost model's errors on those attempts. Uses the machine's own JAX; writes
 # the DB and CSV under $OUT (or ./gpu_check). Run from the repository root.
 set -euo pipefail
 out=${OUT:-gpu_check}
@@ -13,6 +14,8 @@ python3 -m codesign.store.export all -d "$out/gpu.db" -o "$out/gpu_results.csv"
 python3 - "$out/gpu_results.csv" <<'PY'
 import sys, pandas as pd
 frame = pd.read_csv(sys.argv[1])
-print(frame[["status", "description", "num_micro_batches", "precision", "median", "throughput",
-             "max_memory", "compile_time", "energy_per_iter"]].to_string(index=False))
+print(frame[["status", "description", "num_micro_batches", "precision", "median", "predicted_time",
+             "throughput", "max_memory", "predicted_memory", "compiled_memory", "compile_time",
+             "energy_per_iter"]].to_string(index=False))
 PY
+python3 bench/bench_cost_model.py -d "$out/gpu.db" -v 2>&1 | tee "$out/cost_model.txt"

@@ -5,14 +5,14 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
-import importlib
 import logging
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterator, TextIO
+from typing import TYPE_CHECKING, Callable, Iterator, TextIO
 
-from codesign.errors import UserError
+from codesign.errors import ConfigError, UserError
+from codesign.planner.profiles import ProfileBook
 from codesign.spec.config import DEFAULT_CONFIG, Config, load_config
 from codesign.spec.hosts import Hosts, local_gpu_count, ray_hosts
 from codesign.spec.jobs import PlannedJob, enumerate_jobs
@@ -24,14 +24,12 @@ if TYPE_CHECKING:
 
 EXIT_USAGE = 2
 log = logging.getLogger("codesign")
-# `codesign NAME ARGS`: NAME -> the module whose main(ARGS) runs it; anything else is the sweep's flags
-SUBCOMMANDS = {"report": "codesign.report.command"}
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="codesign", description="ZHEN codesign toolkit.",
-        epilog="Other commands: " + ", ".join(f"codesign {name} -h" for name in SUBCOMMANDS) + ".",
+        epilog="Other commands: codesign plan -h, codesign profile -h, codesign report -h.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("-D", "--dry-run", action="store_true",
                         help="Do not run. Only print what settings would run (and which are skipped).")
@@ -66,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
         if argv and argv[0] in SUBCOMMANDS:
-            return importlib.import_module(SUBCOMMANDS[argv[0]]).main(argv[1:])
+            return SUBCOMMANDS[argv[0]](argv[1:])
         return _main(argv)
     except UserError as err:
         print(f"codesign: error: {err}", file=sys.stderr)
@@ -83,13 +81,14 @@ def _main(argv: list[str]) -> int:
     if args.search_model:
         return search.run(args, sys.stdout)
     config = load_config(args.config)
+    check_devices(config, _book(args.db))
     address = args.ray_address or config.ray.address
     with _ray_session(address):
         planned = list(enumerate_jobs(config, _hosts(config, address)))
         if args.dry_run:
             print_dry_run(planned, args.db, args.retry_failed, sys.stdout)
             return 0
-        return run(planned, args, _executor(args.db, address), _max_concurrent(args, config, address))
+        return run(planned, args, _executor(args.db, address), _max_concurrent(args, config, address), config)
 
 
 @contextlib.contextmanager
@@ -113,7 +112,28 @@ def _hosts(config: Config, address: str | None) -> Hosts:
     """The Ray cluster's nodes, or this machine (probed for GPUs only when a cluster could use them)."""
     if address:
         return ray_hosts(address)
-    return Hosts.local(local_gpu_count() if any(c.platform != "cpu" for c in config.clusters) else 0)
+    return Hosts.local(local_gpu_count() if any(c.platform in ("gpu", "auto") for c in config.clusters) else 0)
+
+
+def _book(db: str) -> ProfileBook:
+    """Built-in profiles and those measured into the DB (read only; no DB, no measured ones)."""
+    from codesign.run.profiling import load_book
+
+    store = Store.open_if_exists(db)
+    try:
+        return load_book(store)
+    finally:
+        if store:
+            store.close()
+
+
+def check_devices(config: Config, book: ProfileBook) -> None:
+    """A simulated cluster must name a device kind the cost model has a profile for."""
+    for i, cluster in enumerate(config.clusters):
+        if cluster.is_simulated and not book.known(cluster.device):
+            raise ConfigError(config.path, f"[[cluster_spec]] #{i + 1}", "device",
+                              f"unknown device kind {cluster.device!r}; known kinds: {', '.join(book.kinds)} "
+                              f"(or run `codesign profile` on the device)")
 
 
 def _executor(db: str, address: str | None) -> Executor:
@@ -135,14 +155,17 @@ def _max_concurrent(args: argparse.Namespace, config: Config, address: str | Non
 
 
 def run(planned: list[PlannedJob], args: argparse.Namespace, executor: Executor,
-        max_concurrent: int | None) -> int:
+        max_concurrent: int | None, config: Config) -> int:
+    from codesign.planner.cost import predict
     from codesign.report.tables import sweep_summary
+    from codesign.run.profiling import ensure_profiles
     from codesign.run.sweep import run_sweep
 
     store = Store(args.db)
     try:
+        book = ensure_profiles(store, planned)
         summary = run_sweep(planned, store, executor, args.retry_failed, args.manual_job_timeout,
-                            max_concurrent)
+                            max_concurrent, lambda job: predict(job, book, config.links))
         keys = {item.key for item in planned}
         table = sweep_summary([row for row in store.attempts() if row["job_key"] in keys])
     finally:
@@ -185,3 +208,62 @@ def fixed_width(columns: tuple[str, ...], rows: list[tuple[str, ...]]) -> str:
     table = [columns, *rows]
     widths = [max(map(len, column)) for column in zip(*table)]
     return "\n".join(" ".join(cell.rjust(w) for cell, w in zip(row, widths)) for row in table)
+
+
+def plan_main(argv: list[str]) -> int:
+    """`codesign plan -c CONFIG [--top K] [--format table|csv]`: rank every plan, run nothing."""
+    from codesign.planner import report
+
+    parser = argparse.ArgumentParser(prog="codesign plan", description=plan_main.__doc__,
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("-c", "--config", default=str(DEFAULT_CONFIG), help="The path to the configuration.")
+    parser.add_argument("-d", "--db", default="results.db", help="Results DB whose measured profiles to use.")
+    parser.add_argument("--top", metavar="K", type=_positive_int,
+                        help="Only the K best plans of each (model, cluster, micro-batches), and the manual ones.")
+    parser.add_argument("--format", choices=("table", "csv"), default="table")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="codesign: %(message)s")
+    config = load_config(args.config)
+    book = _book(args.db)
+    check_devices(config, book)
+    write = report.write_csv if args.format == "csv" else report.write_table
+    rows = write(report.plan_rows(config, book, args.top), sys.stdout)
+    print(f"codesign: {rows} plans priced", file=sys.stderr)
+    return 0
+
+
+def profile_main(argv: list[str]) -> int:
+    """`codesign profile [-d DB] [--platform cpu|gpu]`: measure this machine's devices for the
+    cost model and keep the profile in the DB (replacing one of the same kind and versions)."""
+    import json
+
+    from codesign.planner.profiles import library_versions
+    from codesign.run.profiling import measure
+
+    parser = argparse.ArgumentParser(prog="codesign profile", description=profile_main.__doc__,
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("-d", "--db", default="results.db", help="The results DB to keep the profile in.")
+    parser.add_argument("--platform", choices=("cpu", "gpu"),
+                        default="gpu" if local_gpu_count() else "cpu", help="Which devices to profile.")
+    args = parser.parse_args(argv)
+    profile = measure(args.platform)
+    store = Store(args.db)
+    try:
+        store.save_profile(profile.kind, library_versions(), args.platform, profile.to_dict())
+    finally:
+        store.close()
+    json.dump(profile.to_dict(), sys.stdout, indent=1)
+    sys.stdout.write("\n")
+    return 0
+
+
+def report_main(argv: list[str]) -> int:
+    """`codesign report`: imported on demand (pandas, matplotlib, jinja2)."""
+    from codesign.report.command import main as report
+
+    return report(argv)
+
+
+# `codesign NAME ARGS`: NAME -> what runs it; anything else is the sweep's flags
+SUBCOMMANDS: dict[str, Callable[[list[str]], int]] = {
+    "plan": plan_main, "profile": profile_main, "report": report_main}

@@ -12,11 +12,13 @@ TIMEOUT = "timeout"
 OOM = "oom"
 INVALID = "invalid"
 INTERRUPTED = "interrupted"
-FINAL_STATUSES = (SUCCEEDED, FAILED, TIMEOUT, OOM, INVALID, INTERRUPTED)
+SIMULATED = "simulated"  # priced by the cost model, never run (a platform = "sim" cluster)
+FINAL_STATUSES = (SUCCEEDED, FAILED, TIMEOUT, OOM, INVALID, INTERRUPTED, SIMULATED)
+DONE_STATUSES = (SUCCEEDED, SIMULATED)  # a job with one of these is finished, even under --retry-failed
 
 # Measurements a job body reports; each is a column of the attempts table.
 METRIC_COLUMNS = ("avg", "median", "p90", "max_memory", "throughput", "compile_time",
-                  "predicted_time", "predicted_memory", "device_kind", "versions",
+                  "predicted_time", "predicted_memory", "compiled_memory", "device_kind", "versions",
                   "energy_per_iter")
 
 

@@ -7,6 +7,9 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+# Sweeps in tests price with the built-in profiles instead of measuring this machine first
+# (tests/test_cost.py measures explicitly).
+os.environ.setdefault("CODESIGN_PROFILE", "builtin")
 FIXTURES = REPO.parent / "shared" / "fixtures" / "user-configs"
 
 # A config small enough to run in seconds on virtual CPU devices: one job runs, one is invalid

@@ -109,7 +109,9 @@ def test_a_release_db_is_re_keyed_and_keeps_its_skips(tmp_path):
     assert "skipped (already recorded or running elsewhere): 3" in rerun.stderr
 
 
-BENCH_SMOKE = {
+BENCH_SMOKE = {  # "{db}": a copy of the 0.1.0 results DB
+    "bench_cost_model.py": ["-d", "{db}", "--repredict"],
+    "bench_plan.py": ["--repeat", "1"],
     "bench_dry_run.py": ["--jobs", "1000"],
     "bench_search.py": ["--max-slots", "8"],
     "bench_step.py": ["--model", "small", "--batch", "8", "--steps", "1", "--precision", "fp32"],
@@ -124,7 +126,9 @@ def test_every_bench_script_is_smoke_tested():
 
 @pytest.mark.parametrize("script", sorted(BENCH_SMOKE))
 def test_bench_scripts_run_with_their_smallest_arguments(script, tmp_path):
-    proc = subprocess.run([sys.executable, str(REPO / "bench" / script), *BENCH_SMOKE[script]], cwd=tmp_path,
+    db = str(release_db(tmp_path / "results.db"))
+    args = [arg.replace("{db}", db) for arg in BENCH_SMOKE[script]]
+    proc = subprocess.run([sys.executable, str(REPO / "bench" / script), *args], cwd=tmp_path,
                           capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(REPO), "JAX_PLATFORMS": "cpu"})
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert len(proc.stdout.strip().splitlines()) >= 2, proc.stdout

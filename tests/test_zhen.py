@@ -108,3 +108,19 @@ def test_bf16_keeps_no_fp32_copy_of_the_gram_matrix():
     avals = [v.aval for eqn in jaxpr.jaxpr.eqns for v in eqn.outvars]
     gram_like = [a for a in avals if a.ndim >= 2 and a.shape[0] == 4 and math.prod(a.shape[1:]) in big]
     assert gram_like and all(a.dtype == jnp.bfloat16 for a in gram_like), gram_like
+
+
+@pytest.mark.parametrize("spec", [SEED, ModelSpec(16, 8, 4, 3, (("DOT", "CONVOLUTION"), ("ATTENTION",), ("LINEAR", "DOT")))])
+def test_layer_work_matches_the_built_layers(spec):
+    """The cost model's per-layer counts: parameters, parameter arrays (one gradient collective
+    each on CPU) and the "mlp"-sharded parameters, against the built model's own tree."""
+    boxed = jax.eval_shape(lambda k: network.init_params(spec, k), jax.random.key(0))
+    specs = nn.get_partition_spec(boxed)
+    params = nn.meta.unbox(boxed)
+    for i in range(spec.num_zhen_layers):
+        work = counts.layer_work(spec, i)
+        leaves = jax.tree.leaves(params[f"layer_{i}"])
+        axes = jax.tree.leaves(specs[f"layer_{i}"], is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec))
+        assert work.params == sum(leaf.size for leaf in leaves)
+        assert work.tensors == len(leaves)
+        assert work.sharded_params == sum(leaf.size for leaf, a in zip(leaves, axes) if "mlp" in tuple(a))

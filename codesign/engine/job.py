@@ -109,14 +109,15 @@ def run_plan(job: Job, plan: Plan) -> Outcome:
                "max_memory": peak_memory(training, local),
                "throughput": job.global_batch / float(measured.mean()),
                "compile_time": training.compile_time,
-               "predicted_memory": training.memory.get("peak"),
+               "compiled_memory": training.memory.get("peak"),
                "device_kind": devices[0].device_kind, "versions": versions(), "losses": losses}
     return Outcome(SUCCEEDED, metrics=metrics, plan=describe(plan, training))
 
 
 def describe(plan: Plan, training: programs.Training) -> dict[str, Any]:
-    """all_configs["plan"]: the plan, each stage's shardings, and the predicted memory behind max_memory."""
-    return {**plan.describe(training.shardings), "predicted_memory": training.memory}
+    """all_configs["plan"]: the plan, each stage's shardings, and XLA's memory analysis behind
+    compiled_memory (and, on CPU, max_memory)."""
+    return {**plan.describe(training.shardings), "compiled_memory": training.memory}
 
 
 def _is_oom(err: Exception) -> bool:

@@ -12,12 +12,12 @@ import logging
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any, Protocol, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 from tqdm import tqdm
 
 from codesign.errors import PlanError
-from codesign.outcome import INTERRUPTED, INVALID, Outcome
+from codesign.outcome import INTERRUPTED, INVALID, SIMULATED, Outcome
 from codesign.planner.plan import Plan, make_plan
 from codesign.spec.jobs import PlannedJob, job_timeout
 from codesign.spec.types import Job
@@ -25,6 +25,7 @@ from codesign.store.database import Store
 
 log = logging.getLogger(__name__)
 HEARTBEAT_EVERY = 5.0
+Predictor = Callable[[Job], dict[str, Any]]  # job -> predicted_time, predicted_memory, prediction
 
 
 class Executor(Protocol):
@@ -56,6 +57,7 @@ class Attempt:
     item: PlannedJob
     attempt_id: int
     handle: Any
+    prediction: dict[str, Any] = field(default_factory=dict)
 
 
 def invalid_outcome(job: Job) -> Outcome | None:
@@ -71,12 +73,14 @@ class Sweep:
     """The loop's state: jobs not yet started, attempts running, what happened so far."""
 
     def __init__(self, planned: list[PlannedJob], store: Store, executor: Executor,
-                 retry_failed: bool, manual_timeout: float, max_concurrent: int | None):
+                 retry_failed: bool, manual_timeout: float, max_concurrent: int | None,
+                 predict: Predictor | None = None):
         self.queue = collections.deque(planned)
         self.running: list[Attempt] = []
         self.store, self.executor = store, executor
         self.retry_failed, self.manual_timeout = retry_failed, manual_timeout
         self.max_concurrent = max_concurrent or math.inf  # None: as many as the executor allows
+        self.predict = predict or (lambda job: {})
         self.summary = SweepSummary()
         self.progress = tqdm(total=len(planned), desc="jobs", unit="job", dynamic_ncols=True)
 
@@ -101,10 +105,12 @@ class Sweep:
         return self.summary
 
     def start_what_fits(self) -> None:
-        """Claim and start jobs in order while the cap and the executor allow."""
+        """Claim and start jobs in order while the cap and the executor allow; a simulated job is
+        recorded with its prediction and never started."""
         while self.queue and len(self.running) < self.max_concurrent:
             item = self.queue[0]
-            if not item.unavailable and not self.executor.can_start(
+            simulated = item.job.platform == "sim"
+            if not (item.unavailable or simulated) and not self.executor.can_start(
                     item.job, [a.handle for a in self.running]):
                 return
             self.queue.popleft()
@@ -121,13 +127,19 @@ class Sweep:
             if outcome is not None:
                 self.record(Attempt(item, attempt_id, None), outcome)
                 continue
+            prediction = self.predict(item.job)
+            if simulated:
+                self.record(Attempt(item, attempt_id, None, prediction),
+                            Outcome(SIMULATED, plan=make_plan(item.job).describe(), duration=0.0))
+                continue
             handle = self.executor.start(item.job, job_timeout(item.job, self.manual_timeout))
-            self.running.append(Attempt(item, attempt_id, handle))
+            self.running.append(Attempt(item, attempt_id, handle, prediction))
 
     def record(self, attempt: Attempt, outcome: Outcome) -> None:
         """The one path every outcome takes into the DB."""
         if attempt in self.running:
             self.running.remove(attempt)
+        outcome.metrics = {**attempt.prediction, **outcome.metrics}
         if not self.store.finish(attempt.attempt_id, outcome):
             log.warning("attempt %d was closed by another orchestrator; its outcome %s is dropped",
                         attempt.attempt_id, outcome.status)
@@ -146,8 +158,9 @@ class Sweep:
 
 
 def run_sweep(planned: list[PlannedJob], store: Store, executor: Executor, retry_failed: bool,
-              manual_timeout: float, max_concurrent: int | None = 1) -> SweepSummary:
+              manual_timeout: float, max_concurrent: int | None = 1,
+              predict: Predictor | None = None) -> SweepSummary:
     reaped = store.reap_stale()
     if reaped:
         log.warning("marked %d attempt(s) of stopped runs as interrupted", reaped)
-    return Sweep(planned, store, executor, retry_failed, manual_timeout, max_concurrent).run()
+    return Sweep(planned, store, executor, retry_failed, manual_timeout, max_concurrent, predict).run()

@@ -39,6 +39,16 @@ class RaySettings:
 
 
 @dataclass(frozen=True)
+class LinkSpec:
+    """A [links.NAME] table: one transport's bandwidth (bytes/s) and latency (s), overriding the
+    cost model's defaults. Links price plans; they never change what runs (not in job keys)."""
+
+    name: str
+    bandwidth: float | None = None
+    latency: float | None = None
+
+
+@dataclass(frozen=True)
 class Config:
     path: str
     training: TrainingSpec
@@ -46,6 +56,7 @@ class Config:
     clusters: tuple[ClusterSpec, ...]
     parallels: tuple[ParallelSpec, ...]
     ray: RaySettings = RaySettings()
+    links: tuple[LinkSpec, ...] = ()
 
 
 class _Table:
@@ -73,10 +84,14 @@ class _Table:
             self.fail(field, f"expected an integer >= {minimum}, got {value!r}")
         return value
 
-    def float(self, field: str, default: float) -> float:
+    def float(self, field: str, default: float | None, minimum_exclusive: bool = True) -> float | None:
         value = self.data.get(field, default)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-            self.fail(field, f"expected a positive number, got {value!r}")
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 or (
+                minimum_exclusive and value == 0):
+            self.fail(field, f"expected a {'positive' if minimum_exclusive else 'non-negative'} "
+                             f"number, got {value!r}")
         return float(value)
 
     def bool(self, field: str, default: bool) -> bool:
@@ -112,7 +127,8 @@ def load_config(path: str | Path) -> Config:
         raise ConfigError(path, "file", None, "not found") from None
     except tomllib.TOMLDecodeError as err:
         raise ConfigError(path, "file", None, f"invalid TOML: {err}") from None
-    top = _Table(path, "top level", raw, {"training_spec", "model", "cluster_spec", "parallel_spec", "ray"})
+    top = _Table(path, "top level", raw,
+                 {"training_spec", "model", "cluster_spec", "parallel_spec", "ray", "links"})
     for name in ("training_spec", "model", "cluster_spec", "parallel_spec"):
         if name not in raw:
             top.fail(name, "table is missing")
@@ -126,6 +142,7 @@ def load_config(path: str | Path) -> Config:
         parallels=tuple(parse_parallel(_Table(path, f"[[parallel_spec]] #{i + 1}", p, _PARALLEL_KEYS))
                         for i, p in enumerate(_array(top, "parallel_spec"))),
         ray=parse_ray(top),
+        links=parse_links(top),
     )
 
 
@@ -138,7 +155,7 @@ def _array(top: _Table, name: str) -> list[dict[str, Any]]:
 
 _TRAINING_KEYS = {"avg_batch_size_per_device", "num_iters", "learning_rate", "seed", "precision"}
 _MODEL_KEYS = {"num_features", "emb_dim", "output_per_emb", "num_zhen_layers", "tokens"}
-_CLUSTER_KEYS = {"num_hosts", "num_devices_per_host", "transport", "platform"}
+_CLUSTER_KEYS = {"num_hosts", "num_devices_per_host", "transport", "platform", "device"}
 _PARALLEL_KEYS = {"description", "num_micro_batches", "num_auto_layers", "remat_layer", PP_DP_OP,
                   "physical_mesh_shape", "auto_sharding_option", "host_ids", "device_ids",
                   "pipeline_schedule", "auto_trials"}
@@ -155,6 +172,20 @@ def parse_ray(top: _Table) -> RaySettings:
         t.fail("address", f"expected \"local\", \"auto\" or HOST:PORT, got {address!r}")
     max_concurrent = t.int("max_concurrent") if t.has("max_concurrent") else None
     return RaySettings(address, max_concurrent)
+
+
+def parse_links(top: _Table) -> tuple[LinkSpec, ...]:
+    """[links.NVLink], [links.EFAx4], [links.TCPx4]: bandwidth (bytes/s) and latency (s) overrides."""
+    value = top.data.get("links", {})
+    if not isinstance(value, dict):
+        top.fail("links", "expected [links.NAME] tables")
+    links = []
+    for name, table in value.items():
+        if name not in TRANSPORTS or not isinstance(table, dict):
+            top.fail("links", f"unknown link {name!r}; expected [links.NAME] with NAME from {list(TRANSPORTS)}")
+        t = _Table(top.path, f"[links.{name}]", table, {"bandwidth", "latency"})
+        links.append(LinkSpec(name, t.float("bandwidth", None), t.float("latency", None, minimum_exclusive=False)))
+    return tuple(links)
 
 
 def parse_training(t: _Table) -> TrainingSpec:
@@ -193,10 +224,22 @@ def parse_cluster(t: _Table) -> ClusterSpec:
     cluster = ClusterSpec(num_hosts=t.int("num_hosts"),
                           num_devices_per_host=t.int("num_devices_per_host"),
                           transport=t.choice("transport", TRANSPORTS),
-                          platform=t.choice("platform", PLATFORMS, "gpu"))
+                          platform=t.choice("platform", PLATFORMS, "gpu"),
+                          device=_device(t))
     if cluster.transport == "NVLink" and cluster.num_hosts != 1:
         t.fail("transport", f"NVLink connects one host, but num_hosts = {cluster.num_hosts}")
+    if cluster.is_simulated and cluster.device is None:
+        t.fail("device", 'is required with platform = "sim" (the device kind to price, e.g. "H100")')
+    if cluster.device is not None and not cluster.is_simulated:
+        t.fail("device", 'only a platform = "sim" cluster names its device kind')
     return cluster
+
+
+def _device(t: _Table) -> str | None:
+    value = t.data.get("device")
+    if value is not None and (not isinstance(value, str) or not value.strip()):
+        t.fail("device", f"expected a device kind such as \"H100\", got {value!r}")
+    return value
 
 
 def parse_parallel(t: _Table) -> ParallelSpec:

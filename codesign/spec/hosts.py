@@ -14,19 +14,30 @@ from dataclasses import dataclass
 
 from codesign.spec.types import ClusterSpec
 
-_PROBE = "import jax; print(len(jax.devices('gpu')))"
+_PROBE = "import jax; d = jax.devices('gpu'); print(len(d)); print(d[0].device_kind)"
 
 
 @functools.cache
-def local_gpu_count() -> int:
-    """GPUs that JAX can use here, probed in a child so the orchestrator never holds them."""
+def _probe_gpus() -> tuple[int, str]:
+    """(count, device kind) of the GPUs JAX can use here, probed in a child so the orchestrator
+    never holds them."""
     if shutil.which("nvidia-smi") is None and not os.path.exists("/dev/nvidia0"):
-        return 0
+        return 0, ""
     try:
         out = subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, text=True, timeout=120)
-        return int(out.stdout.strip()) if out.returncode == 0 else 0
+        count, kind = out.stdout.strip().splitlines()
+        return (int(count), kind) if out.returncode == 0 else (0, "")
     except (subprocess.TimeoutExpired, ValueError):
-        return 0
+        return 0, ""
+
+
+def local_gpu_count() -> int:
+    return _probe_gpus()[0]
+
+
+def local_gpu_kind() -> str:
+    """JAX's name for this machine's GPUs (e.g. "NVIDIA H100 80GB HBM3"); "gpu" when there are none."""
+    return _probe_gpus()[1] or "gpu"
 
 
 @dataclass(frozen=True)
@@ -54,7 +65,10 @@ def ray_hosts(address: str) -> Hosts:
 
 
 def resolve_platform(cluster: ClusterSpec, hosts: Hosts) -> tuple[str | None, str]:
-    """("gpu" | "cpu", "") when the hosts can run the cluster, else (None, why not)."""
+    """("gpu" | "cpu" | "sim", "") when the hosts can run the cluster, else (None, why not).
+    A simulated cluster is only priced, so every host "has" it."""
+    if cluster.is_simulated:
+        return "sim", ""
     if cluster.platform != "cpu" and hosts.gpu_hosts(cluster.num_devices_per_host) >= cluster.num_hosts:
         return "gpu", ""
     if cluster.platform != "gpu":

@@ -8,7 +8,7 @@ from typing import Any
 
 MIXERS = ("DOT", "LINEAR", "ATTENTION", "CONVOLUTION")
 TRANSPORTS = ("NVLink", "EFAx4", "TCPx4")
-PLATFORMS = ("gpu", "cpu", "auto")
+PLATFORMS = ("gpu", "cpu", "auto", "sim")
 PRECISIONS = ("fp32", "bf16")
 SCHEDULES = ("1F1B", "GPipe")
 AUTO_SEARCH = "Auto search"
@@ -46,13 +46,19 @@ class ClusterSpec:
     num_devices_per_host: int
     transport: str
     platform: str = "gpu"
+    device: str | None = None  # device kind a "sim" cluster is priced as (a built-in or profiled kind)
 
     @property
     def num_devices(self) -> int:
         return self.num_hosts * self.num_devices_per_host
 
+    @property
+    def is_simulated(self) -> bool:
+        return self.platform == "sim"
+
     def summary(self) -> str:
-        return f"{self.num_hosts}x{self.num_devices_per_host} {self.transport} ({self.platform})"
+        where = f"sim {self.device}" if self.is_simulated else self.platform
+        return f"{self.num_hosts}x{self.num_devices_per_host} {self.transport} ({where})"
 
 
 @dataclass(frozen=True)
@@ -109,7 +115,7 @@ class Job:
     training: TrainingSpec
     parallel: ParallelSpec
     num_micro_batches: int
-    platform: str  # resolved: "gpu" or "cpu"
+    platform: str  # resolved: "gpu", "cpu" or "sim" (priced, never run)
 
     @property
     def global_batch(self) -> int:

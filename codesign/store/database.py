@@ -24,12 +24,12 @@ import psutil
 
 from codesign.errors import StoreError
 from codesign.outcome import (
+    DONE_STATUSES,
     FINAL_STATUSES,
     INTERRUPTED,
     INVALID,
     METRIC_COLUMNS,
     RUNNING,
-    SUCCEEDED,
     Outcome,
 )
 from codesign.planner.columns import plan_columns
@@ -113,7 +113,7 @@ class Store:
             (key, INVALID, *RETIRED_ERRORS))}
         if RUNNING in statuses:
             return "running"
-        if SUCCEEDED in statuses or (statuses and not retry_failed):
+        if statuses & set(DONE_STATUSES) or (statuses and not retry_failed):
             return "skip"
         return "run"
 
@@ -166,7 +166,8 @@ class Store:
             row = conn.execute("SELECT all_configs, gpus_per_node FROM attempts WHERE id = ?",
                                (attempt_id,)).fetchone()
             extra = {k: v for k, v in (("plan", outcome.plan), ("chosen_plan", outcome.chosen_plan),
-                                       ("losses", outcome.metrics.get("losses"))) if v}
+                                       ("losses", outcome.metrics.get("losses")),
+                                       ("prediction", outcome.metrics.get("prediction"))) if v}
             if extra and row:
                 values["all_configs"] = json.dumps({**json.loads(row["all_configs"]), **extra})
             if outcome.chosen_plan and row:
@@ -191,6 +192,31 @@ class Store:
 
     def attempt_columns(self) -> list[str]:
         return [r[1] for r in self.conn.execute("PRAGMA table_info(attempts)")]
+
+    # -- device profiles -------------------------------------------------------------------
+
+    def save_profile(self, kind: str, versions: dict[str, str], platform: str, profile: dict[str, Any]) -> None:
+        """Keep a measured profile; a newer one of the same kind and versions replaces it."""
+        with self._transaction() as conn:
+            conn.execute(f"INSERT OR REPLACE INTO profiles (device_kind, versions, platform, profile, host, "
+                         f"created_at) VALUES (?, ?, ?, ?, ?, {NOW})",
+                         (kind, _versions(versions), platform, json.dumps(profile), self.host))
+
+    def profile(self, kind: str, versions: dict[str, str]) -> dict[str, Any] | None:
+        """The profile measured for this device kind under these library versions, if any."""
+        row = self.conn.execute("SELECT profile FROM profiles WHERE device_kind = ? AND versions = ?",
+                                (kind, _versions(versions))).fetchone()
+        return json.loads(row[0]) if row else None
+
+    def latest_profiles(self) -> dict[str, dict[str, Any]]:
+        """Device kind -> its most recent profile (whatever the versions): what simulated clusters use."""
+        rows = self.conn.execute("SELECT device_kind, profile FROM profiles ORDER BY created_at, id")
+        return {kind: json.loads(profile) for kind, profile in rows}
+
+
+
+def _versions(versions: dict[str, str]) -> str:
+    return json.dumps(versions, sort_keys=True)
 
 
 def _in_memory_copy(conn: sqlite3.Connection) -> sqlite3.Connection:

@@ -7,10 +7,10 @@ A migration is a list of SQL statements run in order inside the store's opening 
 from __future__ import annotations
 
 import json
+import re
 import sqlite3
 from typing import Callable
 
-from codesign.outcome import FINAL_STATUSES, RUNNING
 from codesign.spec.jobs import job_key
 from codesign.spec.types import Job
 
@@ -23,7 +23,8 @@ LEGACY_COLUMNS = (
     "num_auto_layers", "pp_dp_op", "physical_mesh_shapes", "host_ids", "device_ids", "remat_layer",
     "avg", "median", "p90", "max_memory", "error", "all_configs")
 
-_STATUSES = ", ".join(f"'{s}'" for s in (RUNNING, *FINAL_STATUSES))
+V1_STATUSES = ("running", "succeeded", "failed", "timeout", "oom", "invalid", "interrupted")
+_STATUSES = ", ".join(f"'{s}'" for s in V1_STATUSES)
 
 V1_ATTEMPTS = [f"""
 CREATE TABLE attempts (
@@ -65,9 +66,54 @@ def _statements(statements: list[str]) -> Migration:
     return run
 
 
+PROFILES = ["""
+CREATE TABLE profiles (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    device_kind TEXT NOT NULL,
+    versions TEXT NOT NULL,
+    platform TEXT NOT NULL,
+    profile TEXT NOT NULL,
+    host TEXT,
+    created_at REAL,
+    UNIQUE (device_kind, versions)
+)"""]
+
+
+V5_STATUSES = (*V1_STATUSES, "simulated")
+
+
+def allow_simulated(conn: sqlite3.Connection) -> None:
+    """Rebuild attempts with 'simulated' among the statuses its CHECK allows (SQLite cannot alter
+    a CHECK) and a compiled_memory column (XLA's analysis; predicted_memory is the cost model's).
+    Older rows' predicted_memory was XLA's analysis: it moves to compiled_memory.
+    The table is rebuilt from its current definition, whatever columns earlier migrations added;
+    its indexes, triggers and the views over it are dropped and re-created around the swap."""
+    table = conn.execute("SELECT sql FROM sqlite_master WHERE type = 'table' AND name = 'attempts'").fetchone()[0]
+    dependents = conn.execute(
+        "SELECT type, name, sql FROM sqlite_master WHERE sql IS NOT NULL AND name != 'attempts' AND "
+        "(tbl_name = 'attempts' OR (type = 'view' AND sql LIKE '%attempts%')) ORDER BY type = 'view'").fetchall()
+    for kind, name, _ in reversed(dependents):
+        conn.execute(f'DROP {kind.upper()} IF EXISTS "{name}"')
+    statuses = ", ".join(f"'{s}'" for s in V5_STATUSES)
+    rebuilt, found = re.subn(r"CHECK\s*\(\s*status\s+IN\s*\([^)]*\)\s*\)", f"CHECK (status IN ({statuses}))", table)
+    if found != 1:
+        raise sqlite3.DatabaseError("attempts has no CHECK (status IN (...)) to extend")
+    columns = ", ".join(f'"{r[1]}"' for r in conn.execute("PRAGMA table_info(attempts)"))
+    conn.execute(re.sub(r"^\s*CREATE TABLE\s+\"?attempts\"?", "CREATE TABLE attempts_rebuilt", rebuilt))
+    conn.execute(f"INSERT INTO attempts_rebuilt ({columns}) SELECT {columns} FROM attempts")
+    conn.execute("DROP TABLE attempts")
+    conn.execute("ALTER TABLE attempts_rebuilt RENAME TO attempts")
+    conn.execute("ALTER TABLE attempts ADD COLUMN compiled_memory INTEGER")
+    conn.execute("UPDATE attempts SET compiled_memory = predicted_memory, predicted_memory = NULL")
+    for _, _, sql in dependents:
+        conn.execute(sql)
+
+
 MIGRATIONS: list[Migration] = [
     _statements(V1_ATTEMPTS),
     _statements(V2_PRECISION_ENERGY),
     rekey,  # v3: job keys leave optional fields at their defaults out
+    _statements(PROFILES),  # v4: device profiles for the cost model
+    allow_simulated,  # v5: 'simulated' attempts, compiled_memory apart from predicted_memory
 ]
 SCHEMA_VERSION = len(MIGRATIONS)

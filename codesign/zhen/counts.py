@@ -6,6 +6,7 @@ prices plans without JAX; tests check every figure against the built Flax model.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Sequence
 
 from codesign.spec.types import ModelSpec
@@ -94,3 +95,77 @@ def forward_flops_per_sample(spec: ModelSpec, fold_dot: bool = False) -> int:
 def train_flops_per_sample(spec: ModelSpec) -> int:
     """Forward plus backward (twice the forward), the usual 3x estimate."""
     return 3 * forward_flops_per_sample(spec)
+
+
+@dataclass(frozen=True)
+class Work:
+    """What one layer (or mixer) costs per sample, split into the part operator parallelism
+    shards (the "mlp" logical axis: DOT's two FCs, the attention FFN) and the rest, which
+    every op device repeats. FLOPs are the forward's; activations are the elements the
+    backward keeps (residuals), inputs excluded."""
+
+    flops: int = 0
+    sharded_flops: int = 0
+    params: int = 0
+    sharded_params: int = 0
+    activations: int = 0
+    sharded_activations: int = 0
+    tensors: int = 0  # parameter arrays: each is its own gradient collective unless XLA combines them
+    folded_kernel: int = 0  # the folded DOT's kernel rows (sharded over op), gathered every forward
+    kernel_scatter: int = 0  # elements its backward scatters back into the full kernel's gradient
+
+    def __add__(self, other: Work) -> Work:
+        return Work(*(a + b for a, b in zip(self.astuple(), other.astuple())))
+
+    def astuple(self) -> tuple[int, ...]:
+        return (self.flops, self.sharded_flops, self.params, self.sharded_params,
+                self.activations, self.sharded_activations, self.tensors, self.folded_kernel,
+                self.kernel_scatter)
+
+
+def mixer_work(kind: str, f_in: int, out: int, emb: int, fold_dot: bool = True) -> Work:
+    """Per-sample work of one mixer as the engine runs it (the DOT FC folded by default).
+    Activations: DOT keeps its Gram matrix, the gathered pairs, its hidden layer before and
+    after ReLU and its output; attention its tokens, q/k/v, scores and softmax, the FFN's hidden
+    layer (twice) and the norms' inputs and outputs; convolution its input and output planes."""
+    flops, params, od = mixer_flops(kind, f_in, out, emb, fold_dot), mixer_params(kind, f_in, out, emb), out * emb
+    if kind == "DOT":
+        pairs = f_in * (f_in + 1) // 2 if fold_dot else f_in * f_in
+        sharded = 2 * pairs * DOT_HIDDEN + 2 * DOT_HIDDEN * od
+        return Work(flops, sharded, params, f_in * f_in * DOT_HIDDEN + DOT_HIDDEN + DOT_HIDDEN * od,
+                    f_in * f_in + pairs + 2 * DOT_HIDDEN + od, 2 * DOT_HIDDEN, 4,
+                    pairs * DOT_HIDDEN if fold_dot else 0, (f_in * f_in + 2 * pairs) * DOT_HIDDEN if fold_dot else 0)
+    if kind == "ATTENTION":
+        ffn = 2 * 2 * od * FFN_HIDDEN
+        return Work(flops, ffn, params, 2 * emb * FFN_HIDDEN + FFN_HIDDEN,
+                    12 * od + 2 * out * out + 2 * out * FFN_HIDDEN, 2 * out * FFN_HIDDEN, 13)
+    if kind == "CONVOLUTION":
+        return Work(flops, 0, params, 0, 2 * emb * f_in + od, 0, 4)
+    return Work(flops, 0, params, 0, od, 0, 2)
+
+
+def layer_own_work(spec: ModelSpec, i: int) -> Work:
+    """Layer i's work outside its mixers: the skip projection, the token concat and LayerNorm."""
+    f_in, skip = layer_widths(spec, i)
+    o, d, n = spec.output_per_emb, spec.emb_dim, len(spec.tokens[i])
+    proj = i > 0 and skip != f_in
+    return Work(flops=2 * d * skip * f_in if proj else 0, params=layer_shared_params(i, f_in, skip, d),
+                activations=(d * f_in if i > 0 else 0) + (d * f_in if proj else 0) + 2 * n * o * d,
+                tensors=4 if proj else 2)
+
+
+def layer_work(spec: ModelSpec, i: int, fold_dot: bool = True) -> Work:
+    """Layer i: its mixers and its own work."""
+    f_in, _ = layer_widths(spec, i)
+    o, d = spec.output_per_emb, spec.emb_dim
+    return sum((mixer_work(m, f_in, o, d, fold_dot) for m in spec.tokens[i]), layer_own_work(spec, i))
+
+
+def carry_width(spec: ModelSpec, i: int) -> int:
+    """Elements per sample of the carry layer i hands on: (its input z, its output)."""
+    f_in, _ = layer_widths(spec, i)
+    return spec.emb_dim * (f_in + len(spec.tokens[i]) * spec.output_per_emb)
+
+
+def input_width(spec: ModelSpec) -> int:
+    return spec.emb_dim * spec.num_features

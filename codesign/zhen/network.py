@@ -125,7 +125,7 @@ class ConvolutionMixer(nn.Module):
         return _dense(self.out, ("features", None), self.dtype, "fc")(y).transpose(0, 2, 1)
 
 
-def _mixer(kind: str, spec: ModelSpec, dtype, name: str, fold_dot: bool) -> nn.Module:
+def mixer(kind: str, spec: ModelSpec, dtype, name: str, fold_dot: bool) -> nn.Module:
     o, d = spec.output_per_emb, spec.emb_dim
     if kind == "DOT":
         return DotMixer(o, d, dtype, fold_dot, name=name)
@@ -154,7 +154,7 @@ class ZhenBlock(nn.Module):
             if skip != f_in:
                 prev_in = _dense(f_in, ("features", None), self.dtype, "skip")(prev_in)
             z = prev_out + prev_in
-        tokens = [_mixer(kind, self.spec, self.dtype, f"mixer_{j}_{kind.lower()}", self.fold_dot)(z)
+        tokens = [mixer(kind, self.spec, self.dtype, f"mixer_{j}_{kind.lower()}", self.fold_dot)(z)
                   for j, kind in enumerate(self.spec.tokens[self.index])]
         out = nn.LayerNorm(dtype=self.dtype, name="norm")(jnp.concatenate(tokens, axis=1))
         return z, out.transpose(0, 2, 1)

@@ -1,0 +1,101 @@
+"""How far the cost model's predictions are from what attempts measured.
+
+For every succeeded attempt with a prediction: |predicted_time - median| / median and
+|predicted_memory - max_memory| / max_memory, summarised (median and p90) over all attempts,
+by platform and by plan kind. With --repredict, the predictions are recomputed by the current
+cost model from each attempt's job and the DB's device profiles (to try a model change on
+measurements already made).
+
+    python bench/bench_cost_model.py -d cost_cpu.db [--repredict]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sqlite3
+import sys
+from collections import defaultdict
+
+import numpy as np
+
+
+def plan_kind(row: dict) -> str:
+    """"dp", "op", "dp x op", "pp GPipe"... with remat, ZeRO-2 and batch-on-op marked."""
+    pp, dp, op = json.loads(row["pp_dp_op"])
+    parallel = json.loads(row["all_configs"])["parallel"]
+    options = dict(parallel["auto_sharding_option"])
+    if pp > 1:
+        kind = f"pp {parallel['pipeline_schedule']}" + (" x dp" if dp > 1 else "") + (" x op" if op > 1 else "")
+    else:
+        kind = " x ".join([a for a, n in (("dp", dp), ("op", op)) if n > 1]) or "single"
+    marks = ["remat"] * bool(row["remat_layer"]) + ["zero2"] * bool(options.get("prefer_reduce_scatter"))
+    marks += ["batch@op"] * (options.get("force_batch_dim_to_mesh_dim", 0) == 1)
+    return " ".join([kind, *marks])
+
+
+def repredict(db: str, rows: list[dict]) -> list[dict]:
+    """The rows with predicted_time and predicted_memory from the current cost model."""
+    from codesign.planner.cost import predict
+    from codesign.run.profiling import load_book
+    from codesign.spec.types import Job
+    from codesign.store.database import Store
+
+    store = Store(db, read_only=True)
+    try:
+        book = load_book(store)
+    finally:
+        store.close()
+    return [{**r, **predict(Job.from_dict(json.loads(r["all_configs"])), book)} for r in rows]
+
+
+def errors(db: str, fresh: bool = False) -> list[dict]:
+    """One dict per succeeded attempt with a prediction: platform, kind, time and memory errors."""
+    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    conn.row_factory = sqlite3.Row
+    try:
+        rows = [dict(r) for r in conn.execute(
+            "SELECT * FROM attempts WHERE status = 'succeeded' AND predicted_time IS NOT NULL")]
+    finally:
+        conn.close()
+    if fresh:
+        rows = repredict(db, rows)
+    return [{"platform": r["platform"], "kind": plan_kind(r),
+             "time": abs(r["predicted_time"] - r["median"]) / r["median"],
+             "memory": abs(r["predicted_memory"] - r["max_memory"]) / r["max_memory"]} for r in rows]
+
+
+def summary(found: list[dict]) -> dict[str, float]:
+    t, m = np.array([e["time"] for e in found]), np.array([e["memory"] for e in found])
+    return {"n": len(found), "time_median": float(np.median(t)), "time_p90": float(np.percentile(t, 90)),
+            "memory_median": float(np.median(m)), "memory_p90": float(np.percentile(m, 90))}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("-d", "--db", default="results.db")
+    parser.add_argument("--repredict", action="store_true", help="Predict again with the current cost model.")
+    parser.add_argument("-v", "--verbose", action="store_true", help="Also print every attempt's errors.")
+    args = parser.parse_args()
+    found = errors(args.db, args.repredict)
+    if args.verbose:
+        for e in found:
+            print(f"{e['kind']:30} time {e['time']:7.1%}  memory {e['memory']:7.1%}")
+    if not found:
+        print(f"{args.db}: no succeeded attempt with a prediction", file=sys.stderr)
+        return 1
+    groups: dict[str, list[dict]] = defaultdict(list)
+    for e in found:
+        groups["all"].append(e)
+        groups[f"platform {e['platform']}"].append(e)
+        groups[f"  {e['platform']}: {e['kind']}"].append(e)
+    print(f"{'group':40} {'n':>4} {'time med':>9} {'time p90':>9} {'mem med':>9} {'mem p90':>9}")
+    for name in sorted(groups, key=lambda g: (g != "all", g.strip().split(":")[0], g)):
+        s = summary(groups[name])
+        print(f"{name:40} {s['n']:>4} {s['time_median']:>9.1%} {s['time_p90']:>9.1%} "
+              f"{s['memory_median']:>9.1%} {s['memory_p90']:>9.1%}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

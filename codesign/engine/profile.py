@@ -1,0 +1,284 @@
+"""`codesign profile`'s measurement: the devices at hand, as the cost model needs them.
+
+Runs in its own process (`python -m codesign.engine.profile OUT.json`), the platform and the
+virtual device count set in the environment before JAX starts. It times, on one device, each
+ZHEN mixer's forward and backward at three micro-batch sizes (a line through them gives the
+effective FLOP/s and the fixed cost per call), a memory copy (bandwidth) and a tiny program
+(the host's cost per dispatch); across the local devices, the aggregate speed of 1, 2, 4, 8
+devices busy at once (virtual CPU devices share the machine's cores), all-reduces (the link's
+bandwidth and latency) and the scratch XLA gives a compiled step. Each time is a median.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import sys
+import time
+from typing import Callable
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import psutil
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from codesign.engine.programs import DTYPES
+from codesign.engine.step import accumulate, build_single_stage, loss_fn
+from codesign.planner.cost import Workload, estimate
+from codesign.planner.plan import make_plan
+from codesign.planner.profiles import LAYER, DeviceProfile, Link, Rate, library_versions
+from codesign.spec.types import (
+    MIXERS,
+    ClusterSpec,
+    Job,
+    ModelSpec,
+    ParallelSpec,
+    TrainingSpec,
+)
+from codesign.zhen import counts, network
+
+log = logging.getLogger("codesign.profile")
+# Widths of the probe layer (F_in, O, D) and its two micro-batch sizes, per platform.
+PROBE = {"cpu": ((32, 4, 16), (8, 48, 128)), "gpu": ((256, 20, 160), (256, 1024, 2048))}
+
+
+def median_time(fn: Callable[[], object], repeats: int, best: bool = True) -> float:
+    """Seconds of one call: the fastest of `repeats` for micro-benchmarks (other processes only
+    ever add time), the median for whole steps (what a job's median sees)."""
+    jax.block_until_ready(fn())
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        jax.block_until_ready(fn())
+        times.append(time.perf_counter() - start)
+    return float(np.min(times) if best else np.median(times))
+
+
+def call_times(module: nn.Module, z: jax.Array, repeats: int) -> tuple[float, float]:
+    """(forward, backward) seconds of one module call on z: backward = forward-and-backward - forward."""
+    params = module.init(jax.random.key(0), z)
+    fwd = jax.jit(lambda p, x: module.apply(p, x))
+    both = jax.jit(jax.grad(lambda p, x: jnp.sum(module.apply(p, x).astype(jnp.float32)), argnums=(0, 1)))
+    forward = median_time(lambda: fwd(params, z), repeats)
+    return forward, max(median_time(lambda: both(params, z), repeats) - forward, 0.05 * forward)
+
+
+def kind_rate(kind: str, platform: str, precision: str, dispatch: float, peak: float, repeats: int) -> Rate:
+    """A least-squares line through the probe's micro-batch sizes: slope -> effective FLOP/s at
+    the probed widths, activation traffic included (at most the device's matmul peak: noise
+    can flatten a slope), intercept less the dispatch -> the fixed cost per call."""
+    (f_in, out, emb), sizes = PROBE[platform]
+    dtype = DTYPES[precision]
+    if kind == LAYER:
+        module, flops = nn.Dense(f_in, dtype=dtype), 2 * emb * f_in * f_in
+    else:
+        module, flops = (network.mixer(kind, _probe_spec(f_in, out, emb), dtype, kind.lower(), True),
+                         counts.mixer_work(kind, f_in, out, emb).flops)
+    times = np.array([call_times(module, jax.random.normal(jax.random.key(1), (b, emb, f_in), dtype), repeats)
+                      for b in sizes])
+
+    def fit(seconds: np.ndarray, work: float) -> tuple[float, float]:
+        slope, intercept = np.polyfit(np.array(sizes, float), seconds, 1)
+        slope = max(slope, work / peak)
+        return float(work / slope), float(max(intercept - dispatch, 1e-6))
+
+    forward, overhead = fit(times[:, 0], flops)
+    backward, _ = fit(times[:, 1], 2 * flops)
+    return Rate(forward, backward, overhead)
+
+
+def _probe_spec(f_in: int, out: int, emb: int) -> ModelSpec:
+    return ModelSpec(f_in, emb, out, 1, (tuple(MIXERS),))
+
+
+def bandwidth(repeats: int) -> float:
+    """Bytes/s of a large element-wise op (read and write)."""
+    x = jnp.ones((16 * 2**20,), jnp.float32)
+    f = jax.jit(lambda a: a * 1.0001 + 1.0)
+    return 2 * x.nbytes / median_time(lambda: f(x), repeats)
+
+
+def gather_bandwidth(platform: str, repeats: int) -> float:
+    """Bytes/s of the folded DOT's kernel traffic: its backward at one sample, a kernel as wide
+    as a first layer's (the scatter into the full kernel's gradient dominates)."""
+    f_in = {"cpu": 64, "gpu": 512}[platform]
+    module = network.mixer("DOT", _probe_spec(f_in, 4, 8), jnp.float32, "dot", True)
+    _, backward = call_times(module, jnp.ones((1, 8, f_in), jnp.float32), repeats)
+    return 4 * counts.mixer_work("DOT", f_in, 4, 8).kernel_scatter / backward
+
+
+def dispatch_time(repeats: int, arrays: int = 64) -> float:
+    """One call of a compiled program taking as many arrays as a stage's parameters and state."""
+    f = jax.jit(lambda xs: [x + 1.0 for x in xs])
+    xs = [jnp.ones((8,)) for _ in range(arrays)]
+    return median_time(lambda: f(xs), 4 * repeats)
+
+
+def speedup(repeats: int) -> tuple[float, list[tuple[int, float]]]:
+    """One device's matmul FLOP/s, and the aggregate speed of n devices each running the same
+    chain of small matmuls at once (the many small ops of a small model's step), relative to one."""
+    devices = jax.devices()
+    w = jnp.ones((256, 256), jnp.float32)
+    big = jax.jit(lambda a, b: jnp.tanh(a @ b) @ b)
+    peak = 4 * 256**3 / median_time(lambda: big(w, w), repeats)
+
+    def chain(a, b):
+        for _ in range(32):
+            a = jnp.tanh(a @ b)
+        return a
+
+    base, points = 0.0, []
+    for n in (1, 2, 4, 8):
+        if n > len(devices):
+            break
+        mesh = Mesh(np.array(devices[:n]), ("d",))
+        x = jax.device_put(jnp.ones((n * 32, 64), jnp.float32), NamedSharding(mesh, P("d")))
+        b = jax.device_put(jnp.ones((64, 64), jnp.float32) / 64, NamedSharding(mesh, P()))
+        f = jax.jit(chain)
+        seconds = median_time(lambda: f(x, b), repeats)
+        base = base or seconds
+        points.append((n, n * base / seconds))
+    return peak, points
+
+
+def link(repeats: int, calls: int = 32) -> Link | None:
+    """All-reduces over every local device: one large (bandwidth), and `calls` small ones in one
+    program (latency per call, as a training step's many gradient all-reduces see it)."""
+    devices = jax.devices()
+    n = len(devices)
+    if n < 2:
+        return None
+    mesh = Mesh(np.array(devices), ("d",))
+    sharded, replicated = NamedSharding(mesh, P("d")), NamedSharding(mesh, P())
+    size = 2**22
+    big = jax.device_put(jnp.ones((n, size // 4), jnp.float32), sharded)
+    reduce = jax.jit(lambda a: jnp.sum(a, axis=0), out_shardings=replicated)
+    small = [jax.device_put(jnp.full((n, 16), float(i), jnp.float32), sharded) for i in range(calls)]
+    reduce_many = jax.jit(lambda xs: [jnp.sum(a, axis=0) for a in xs], out_shardings=replicated)
+    per_call = median_time(lambda: reduce_many(small), repeats) / calls
+    latency = max(per_call / (2 * (n - 1)), 1e-7)
+    moving = max(median_time(lambda: reduce(big), repeats) - per_call, 1e-9)
+    return Link(2 * (n - 1) / n * size / moving, latency)
+
+
+def update_scratch(platform: str) -> float:
+    """Gradient-sized scratch buffers, beyond the gradients, that XLA gives a compiled pp = 1
+    training step (loss, gradients and Adam in one program, state donated), per its memory
+    analysis of the probe model at one sample (activations negligible)."""
+    import optax
+
+    (f_in, out, emb), _ = PROBE[platform]
+    model = ModelSpec(f_in, emb, out, 2, (tuple(MIXERS),) * 2)
+    job = Job(model, ClusterSpec(1, 1, "NVLink", platform), TrainingSpec(1, 2), ParallelSpec("probe", (1,)), 1,
+              platform)
+    params = nn.meta.unbox(jax.eval_shape(lambda k: network.init_params(model, k), jax.random.key(0)))
+    optimizer = optax.adam(1e-3)
+    grad_fn = accumulate(loss_fn(job, ((0, 1),), False))
+
+    def step(p, s, xs, ys):
+        _, grads = grad_fn(p, xs, ys)
+        updates, s = optimizer.update(grads, s, p)
+        return optax.apply_updates(p, updates), s
+
+    x = jax.ShapeDtypeStruct((1, 1, emb, f_in), jnp.float32)
+    y = jax.ShapeDtypeStruct((1, 1, counts.output_width(model)), jnp.float32)
+    compiled = jax.jit(step, donate_argnums=(0, 1)).lower(params, jax.eval_shape(optimizer.init, params), x, y)
+    stats = compiled.compile().memory_analysis()
+    param_bytes = 4 * counts.param_count(model)
+    return max(float(stats.temp_size_in_bytes) / param_bytes - 1, 0.0) if stats is not None else 0.0
+
+
+def step_time(job: Job, repeats: int) -> float:
+    """Median seconds of the real pp = 1 training step of a job (compiled, then run)."""
+    training = build_single_stage(job, make_plan(job))
+    return median_time(training.step, 2 * repeats, best=False)
+
+
+def rescaled(profile: DeviceProfile, fixed: float, flops: float) -> DeviceProfile:
+    """The profile with its fixed costs (per mixer call, Adam's traffic) multiplied by
+    `fixed` and its FLOP-proportional times by `flops`."""
+    rates = tuple((p, tuple((k, Rate(r.forward / flops, r.backward / flops, r.overhead * fixed)) for k, r in table))
+                  for p, table in profile.rates)
+    return dataclasses.replace(profile, rates=rates, bandwidth=profile.bandwidth / fixed)
+
+
+def calibrate(profile: DeviceProfile, platform: str, repeats: int) -> DeviceProfile:
+    """Fit the probed profile to real training steps of the probe model. Mixers probed one by
+    one are not a compiled step (fused, scheduled together): on one device at two batch sizes,
+    measured = a * fixed costs + b * FLOP-proportional costs gives the two factors. Then data
+    parallel over two devices gives the effective latency of one gradient all-reduce call."""
+    (f_in, out, emb), sizes = PROBE[platform]
+    model = ModelSpec(f_in, emb, out, 2, (tuple(MIXERS),) * 2)
+
+    def probe(batch: int, devices: int) -> Job:
+        return Job(model, ClusterSpec(1, devices, "NVLink", platform), TrainingSpec(batch, 3),
+                   ParallelSpec("probe", (1,), pp_dp_op=(1, devices, 1)), 1, platform)
+
+    no_flops = rescaled(profile, 1.0, 1e-9)
+    parts, measured = [], []
+    for batch in (sizes[0], sizes[-1]):
+        job, plan = probe(batch, 1), make_plan(probe(batch, 1))
+        total, fixed = (estimate(Workload.of(job, p), plan).seconds for p in (profile, no_flops))
+        parts.append((fixed, total - fixed))
+        measured.append(step_time(job, repeats))
+    a, b = np.clip(np.linalg.lstsq(np.array(parts), np.array(measured), rcond=None)[0], 0.05, 20.0)
+    profile = rescaled(profile, float(a), float(b))
+    if profile.link is None or len(jax.devices()) < 2:
+        return profile
+    job = probe(sizes[-1] // 2, 2)
+    w = Workload.of(job, profile)
+    e = estimate(w, make_plan(job))
+    sync = sum(e.communication.values())
+    calls = w.gradient_calls(range(model.num_zhen_layers)) * 2
+    latency = (step_time(job, repeats) - (e.seconds - sync)) / calls
+    return dataclasses.replace(profile, link=Link(profile.link.bandwidth, max(latency, profile.link.latency)))
+
+
+def device_memory(device) -> int:
+    stats = device.memory_stats() or {}
+    return int(stats.get("bytes_limit") or psutil.virtual_memory().total)
+
+
+def measure(repeats: int = 5) -> DeviceProfile:
+    device = jax.devices()[0]
+    platform = "cpu" if device.platform == "cpu" else "gpu"
+    log.info("profiling %d %s device(s) (%s)", len(jax.devices()), platform, device.device_kind)
+    bw, dispatch, call = bandwidth(repeats), dispatch_time(repeats), dispatch_time(repeats, 2)
+    peak, points = speedup(repeats)
+    log.info("  matmul %.3g FLOP/s, memory %.3g B/s, dispatch %.3g s; aggregate speed of n busy devices: %s",
+             peak, bw, dispatch, points)
+    rates = []
+    for precision in ("fp32", "bf16") if platform == "gpu" else ("fp32",):
+        table = []
+        for kind in (*MIXERS, LAYER):
+            table.append((kind, kind_rate(kind, platform, precision, call, peak, repeats)))
+            log.info("  %s %s: %s", precision, kind, table[-1][1])
+        rates.append((precision, tuple(table)))
+    probed = DeviceProfile(kind=device.device_kind if platform == "gpu" else "cpu", platform=platform,
+                         memory=device_memory(device), rates=tuple(rates), bandwidth=bw,
+                         gather_bandwidth=gather_bandwidth(platform, repeats), dispatch=dispatch,
+                         speedup=tuple(points) if platform == "cpu" else (), link=link(repeats),
+                         update_scratch=update_scratch(platform), combines_collectives=platform == "gpu",
+                         roofline=False,
+                         versions=tuple(sorted(library_versions().items())), source="measured")
+    profile = calibrate(probed, platform, repeats)
+    log.info("  calibrated on real steps: Adam's bandwidth %.3g B/s, FLOP rates x %.2f, link %s",
+             profile.bandwidth, profile.rate("fp32", "DOT").forward / probed.rate("fp32", "DOT").forward,
+             profile.link)
+    return profile
+
+
+def main(argv: list[str]) -> int:
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="codesign profile: %(message)s")
+    profile = measure()
+    with open(argv[0], "w") as f:
+        json.dump(profile.to_dict(), f)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

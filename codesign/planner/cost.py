@@ -1,0 +1,432 @@
+"""The cost model: seconds per iteration and peak bytes per device of any plan, before compiling.
+
+Pure Python and numpy (no JAX): pricing a plan takes microseconds. Three parts, kept apart:
+- formulas: alpha-beta collectives, the roofline of one mixer call, Adam as memory traffic;
+- feeders: a `Workload` holds what every plan of one (model, cluster, training, micro-batches)
+  shares (per-layer counts from zhen.counts, the device profile, the links), and the per-stage
+  functions (`stage_compute`, `stage_memory`) price a contiguous range of layers on a (dp, op)
+  submesh, so a dynamic program over stage boundaries can call them directly;
+- `estimate(workload, plan)`: the whole plan. pp = 1 is gradient accumulation; pp > 1 is an
+  event simulation of exactly the orders the pipeline engine dispatches (planner.schedule).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+from codesign.errors import PlanError
+from codesign.planner.plan import Plan, StagePlan, make_plan
+from codesign.planner.profiles import (
+    LAYER,
+    DeviceProfile,
+    Link,
+    ProfileBook,
+    cluster_links,
+)
+from codesign.planner.schedule import BACKWARD, FORWARD, dispatch_order, max_in_flight
+from codesign.spec.config import LinkSpec
+from codesign.spec.types import ClusterSpec, Job, ModelSpec
+from codesign.zhen import counts
+
+PARAM_BYTES = 4  # master weights, gradients and Adam's moments stay fp32 under bf16
+ADAM_TRAFFIC = 8  # param-sized arrays read or written by one update: p, g, m, v in; p, m, v, zeroed g out
+ACTIVATION_BYTES = {"fp32": 4, "bf16": 2}
+
+
+# -- value types -----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Memory:
+    """Peak bytes per device, by what holds them."""
+
+    params: float = 0
+    grads: float = 0
+    adam: float = 0
+    activations: float = 0  # what the in-flight micro-batches keep for their backward
+    workspace: float = 0  # batch data, scratch of the largest program
+
+    @property
+    def total(self) -> float:
+        return self.params + self.grads + self.adam + self.activations + self.workspace
+
+    def as_dict(self) -> dict[str, int]:
+        return {k: int(getattr(self, k)) for k in ("params", "grads", "adam", "activations", "workspace")}
+
+
+@dataclass(frozen=True)
+class StageCost:
+    """One stage per micro-batch (forward, backward), per iteration (update), and its memory."""
+
+    forward: float
+    backward: float
+    update: float
+    communication: dict[str, float]  # collective -> seconds per iteration, included in the above
+    memory: Memory
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """A priced plan: seconds per iteration with their breakdown, peak bytes per device."""
+
+    seconds: float
+    compute: tuple[float, ...]  # per stage: forward + backward of all its micro-batches
+    communication: dict[str, float]  # per collective kind, summed over stages
+    bubble: float  # the step's time the busiest stage waits
+    optimizer: float
+    memory: Memory  # of the stage with the highest peak
+    device_memory: int
+
+    @property
+    def peak_bytes(self) -> int:
+        return int(self.memory.total)
+
+    @property
+    def fits(self) -> bool:
+        return self.peak_bytes <= self.device_memory
+
+    def breakdown(self) -> dict[str, object]:
+        """What all_configs and `codesign plan` show."""
+        return {"seconds": self.seconds, "compute_per_stage": list(self.compute),
+                "communication": dict(self.communication), "bubble": self.bubble,
+                "optimizer": self.optimizer, "memory": self.memory.as_dict(),
+                "peak_bytes": self.peak_bytes, "fits": self.fits}
+
+
+# -- formulas --------------------------------------------------------------------------------
+
+def all_reduce(nbytes: float, n: int, link: Link, calls: int = 1) -> float:
+    """Ring all-reduce of nbytes in `calls` collectives: 2(n-1) steps each, and each device
+    sends 2(n-1)/n of the bytes."""
+    return 0.0 if n <= 1 else calls * 2 * (n - 1) * link.latency + 2 * (n - 1) / n * nbytes / link.bandwidth
+
+
+def all_gather(nbytes: float, n: int, link: Link, calls: int = 1) -> float:
+    """Ring all-gather (or reduce-scatter) of nbytes in all: (n-1)/n of them through each device."""
+    return 0.0 if n <= 1 else calls * (n - 1) * link.latency + (n - 1) / n * nbytes / link.bandwidth
+
+
+reduce_scatter = all_gather
+
+
+def point_to_point(nbytes: float, link: Link) -> float:
+    return link.latency + nbytes / link.bandwidth
+
+
+def hierarchical(collective, nbytes: float, hosts: int, per_host: int, intra: Link, inter: Link,
+                 calls: int = 1) -> float:
+    """A collective over hosts x per_host devices: inside each host first, then across hosts on
+    the per-host share (1/per_host of the bytes)."""
+    if hosts <= 1:
+        return collective(nbytes, per_host, intra, calls)
+    return collective(nbytes, per_host, intra, calls) + collective(nbytes / per_host, hosts, inter, calls)
+
+
+def call_time(flops: float, rate: float, overhead: float, share: float = 1.0) -> float:
+    """One call's seconds: its fixed cost plus its FLOPs at the effective rate, both slowed by
+    the share of the device's speed it gets (virtual CPU devices share cores)."""
+    return (overhead + flops / rate) / share
+
+
+def adam_time(param_bytes: float, profile: DeviceProfile) -> float:
+    return profile.dispatch + ADAM_TRAFFIC * param_bytes / profile.bandwidth
+
+
+# -- feeders ---------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Workload:
+    """What every plan of one (model, cluster, training, micro-batch count) shares."""
+
+    model: ModelSpec
+    cluster: ClusterSpec
+    precision: str
+    global_batch: int
+    micro_batches: int
+    profile: DeviceProfile
+    intra: Link
+    inter: Link
+    layers: tuple[counts.Work, ...]  # per layer, all of it
+    own: tuple[counts.Work, ...]  # per layer, outside its mixers
+    mixers: tuple[tuple[tuple[str, counts.Work], ...], ...]  # per layer, (kind, work) of each mixer
+
+    @classmethod
+    def of(cls, job: Job, profile: DeviceProfile, links: Iterable[LinkSpec] = ()) -> Workload:
+        m = job.model
+        intra, inter = cluster_links(profile, job.cluster, links)
+        mixers = tuple(tuple((k, counts.mixer_work(k, *_widths(m, i))) for k in m.tokens[i])
+                       for i in range(m.num_zhen_layers))
+        layers = range(m.num_zhen_layers)
+        return cls(m, job.cluster, job.training.precision, job.global_batch, job.num_micro_batches,
+                   profile, intra, inter, tuple(counts.layer_work(m, i) for i in layers),
+                   tuple(counts.layer_own_work(m, i) for i in layers), mixers)
+
+    @property
+    def micro_batch(self) -> int:
+        return self.global_batch // self.micro_batches
+
+    @property
+    def activation_bytes(self) -> int:
+        return ACTIVATION_BYTES[self.precision]
+
+    def group(self, devices: Sequence[int]) -> tuple[int, int]:
+        """(hosts, devices per host) a collective over these devices spans."""
+        per_host = self.cluster.num_devices_per_host
+        hosts = len({d // per_host for d in devices})
+        return hosts, max(1, len(devices) // hosts)
+
+    def collective(self, kind, nbytes: float, devices: Sequence[int], calls: int = 1) -> float:
+        return hierarchical(kind, nbytes, *self.group(devices), self.intra, self.inter, calls)
+
+    def gradient_calls(self, layers: Sequence[int]) -> int:
+        """Collectives one gradient sync makes: one per parameter array, unless XLA combines them."""
+        return 1 if self.profile.combines_collectives else sum(self.layers[i].tensors for i in layers)
+
+
+def _widths(m: ModelSpec, i: int) -> tuple[int, int, int]:
+    return counts.layer_widths(m, i)[0], m.output_per_emb, m.emb_dim
+
+
+@dataclass(frozen=True)
+class Submesh:
+    """Where a stage runs: its (dp, op) grid of device ids, and the batch's mesh axis."""
+
+    device_ids: tuple[int, ...]
+    dp: int
+    op: int
+    batch_axis: str = "dp"
+
+    @classmethod
+    def of(cls, stage: StagePlan, batch_axis: str) -> Submesh:
+        return cls(stage.device_ids, stage.dp, stage.op, batch_axis)
+
+    @property
+    def batch_shards(self) -> int:
+        return self.dp if self.batch_axis == "dp" else self.op
+
+    @property
+    def dp_group(self) -> tuple[int, ...]:
+        return self.device_ids[::self.op]
+
+    @property
+    def op_group(self) -> tuple[int, ...]:
+        return self.device_ids[:self.op]
+
+
+def stage_compute(w: Workload, layers: Sequence[int], mesh: Submesh, remat: bool,
+                  busy: int) -> tuple[float, float, dict[str, float]]:
+    """Seconds of one micro-batch's (forward, backward) through these layers on this submesh,
+    with `busy` devices of the cluster computing at once; and the collectives among them.
+
+    Batch on dp: each device takes micro_batch/dp samples; the "mlp" half of the work is split
+    over op, and each sharded mixer all-reduces its output over op (forward and backward).
+    Batch on op: each device takes micro_batch/op samples of all the work; the sharded weights
+    are all-gathered over op and their gradients reduce-scattered."""
+    p, share = w.profile, w.profile.share(busy)
+    samples = w.micro_batch / mesh.batch_shards
+    split = mesh.op if mesh.batch_axis == "dp" else 1
+    fwd = bwd = 0.0
+    comm = {"op all-reduce": 0.0, "op all-gather": 0.0}
+    for i in layers:
+        for kind, work in w.mixers[i]:
+            rate = p.rate(w.precision, kind)
+            flops = samples * (work.flops - work.sharded_flops + work.sharded_flops / split)
+            traffic = samples * w.activation_bytes * _split(work, split) / (p.bandwidth * share) if p.roofline else 0
+            gather = PARAM_BYTES / mesh.op / (p.gather_bandwidth * share)  # the folded DOT's kernel
+            fwd += call_time(flops, rate.forward, rate.overhead, share) + traffic + 3 * work.folded_kernel * gather
+            bwd += call_time(2 * flops, rate.backward, 2 * rate.overhead, share) + 3 * traffic + (
+                work.kernel_scatter * gather)
+            if work.sharded_flops and mesh.op > 1:
+                collective, seconds = _op_collective(w, work, samples, mesh)
+                comm[collective] += seconds
+        own, rate = w.own[i], p.rate(w.precision, LAYER)
+        traffic = samples * own.activations * w.activation_bytes / (p.bandwidth * share)
+        fwd += call_time(samples * own.flops, rate.forward, rate.overhead, share) + traffic
+        bwd += call_time(2 * samples * own.flops, rate.backward, rate.overhead, share) + 3 * traffic
+    fwd += comm["op all-reduce"] / 2 + comm["op all-gather"] / 2
+    bwd += comm["op all-reduce"] / 2 + comm["op all-gather"] / 2
+    if remat:
+        bwd += fwd
+    return fwd, bwd, comm
+
+
+def _split(work: counts.Work, op: int) -> float:
+    """Activation elements per sample one device keeps when the sharded ones are split over op."""
+    return work.activations - work.sharded_activations + work.sharded_activations / op
+
+
+def _op_collective(w: Workload, work: counts.Work, samples: float, mesh: Submesh) -> tuple[str, float]:
+    """One op-sharded mixer's collectives per micro-batch (forward and backward)."""
+    if mesh.batch_axis == "dp":
+        out = samples * w.model.output_per_emb * w.model.emb_dim * w.activation_bytes
+        return "op all-reduce", 2 * w.collective(all_reduce, out, mesh.op_group)
+    weights = work.sharded_params * PARAM_BYTES
+    return "op all-gather", (w.collective(all_gather, weights, mesh.op_group)
+                             + w.collective(reduce_scatter, weights, mesh.op_group))
+
+
+def stage_params(w: Workload, layers: Sequence[int], op: int) -> float:
+    """Parameters one device of the stage holds: the "mlp"-sharded ones split over op."""
+    return sum(w.layers[i].params - w.layers[i].sharded_params + w.layers[i].sharded_params / op
+               for i in layers)
+
+
+def gradient_sync(w: Workload, layers: Sequence[int], mesh: Submesh, zero: bool) -> tuple[str, float]:
+    """The gradient collective each micro-batch's backward ends with (the engine reduces into the
+    accumulator's sharding every micro-batch): over dp, or over op when the batch is on op."""
+    nbytes = stage_params(w, layers, mesh.op) * PARAM_BYTES
+    group = mesh.dp_group if mesh.batch_axis == "dp" else mesh.op_group
+    calls = w.gradient_calls(layers)
+    if zero and mesh.batch_axis == "dp":
+        return "dp reduce-scatter", w.collective(reduce_scatter, nbytes, group, calls)
+    return f"{mesh.batch_axis} all-reduce", w.collective(all_reduce, nbytes, group, calls)
+
+
+def stage_update(w: Workload, layers: Sequence[int], mesh: Submesh, zero: bool) -> tuple[float, float]:
+    """Adam's step on the stage: (seconds, of which the ZeRO-2 parameter all-gather)."""
+    param_bytes = stage_params(w, layers, mesh.op) * PARAM_BYTES
+    if not zero or mesh.dp == 1:
+        return adam_time(param_bytes, w.profile), 0.0
+    gather = w.collective(all_gather, param_bytes, mesh.dp_group, w.gradient_calls(layers))
+    return adam_time(param_bytes / mesh.dp, w.profile) + gather, gather
+
+
+def stage_memory(w: Workload, layers: Sequence[int], groups: Sequence[Sequence[int]], mesh: Submesh,
+                 remat: bool, zero: bool, in_flight: int, data_samples: tuple[bool, bool],
+                 fused: bool = True) -> Memory:
+    """Peak bytes per device of a stage: fp32 parameters, gradients and Adam's two moments
+    (gradients and moments 1/dp under ZeRO-2), `in_flight` micro-batches' residuals (with remat,
+    only each group's input carry), and workspace: the batch data the first (inputs) and last
+    (targets) stage hold, plus scratch: one layer's working set (and, accumulating micro-batches
+    in one fused step, the accumulator) or the update's scratch, whichever is larger (the update
+    runs after the backward has freed the activations; a pipeline stage runs it apart)."""
+    params = stage_params(w, layers, mesh.op) * PARAM_BYTES
+    grads = params / mesh.dp if zero else params
+    samples = w.micro_batch / mesh.batch_shards
+    split = mesh.op if mesh.batch_axis == "dp" else 1
+    per_layer = {i: samples * w.activation_bytes * _split(w.layers[i], split) for i in layers}
+    carry = {i: samples * w.activation_bytes * _carry_in(w.model, i) for i in layers}
+    # The folded DOT kernel: a residual of each micro-batch when a stage's forward hands its
+    # residuals out of the program (pp > 1); its gradient and the scatter back into the full
+    # kernel are the backward's scratch. Inside one fused step XLA keeps one copy (update_scratch).
+    folded = {i: 0.0 if fused else w.layers[i].folded_kernel / mesh.op * PARAM_BYTES for i in layers}
+    backward = {i: 2 * folded[i] + (w.layers[i].sharded_params / mesh.op * PARAM_BYTES if folded[i] else 0.0)
+                for i in layers}
+    if remat:
+        kept = sum(carry[g[0]] for g in groups)
+        working = max(sum(per_layer[i] for i in g) + max(backward[i] for i in g) for g in groups)
+    else:
+        kept = sum(per_layer.values()) + carry[layers[0]] + sum(folded.values())
+        working = max(per_layer[i] + backward[i] for i in layers)
+    first, last = data_samples
+    data = (w.global_batch / mesh.batch_shards) * 4 * (
+        (counts.input_width(w.model) if first else 0) + (counts.output_width(w.model) if last else 0))
+    activations = in_flight * kept
+    update = w.profile.update_scratch * grads
+    if fused:  # the update runs once the backward has freed the activations
+        scratch = max(working + (grads if w.micro_batches > 1 else 0.0), update - activations)
+    else:
+        scratch = max(working, update)
+    return Memory(params=params, grads=grads, adam=2 * grads, activations=activations, workspace=data + scratch)
+
+
+def _carry_in(m: ModelSpec, i: int) -> int:
+    return counts.input_width(m) if i == 0 else counts.carry_width(m, i - 1)
+
+
+# -- the whole plan --------------------------------------------------------------------------
+
+def estimate(w: Workload, plan: Plan) -> Estimate:
+    """Price a plan (any stages, each with its own layers, devices, dp and op)."""
+    pp, micro = len(plan.stages), plan.num_micro_batches
+    busy = sum(len(s.device_ids) for s in plan.stages)
+    stages = [_stage_cost(w, plan, s, busy) for s in range(pp)]
+    comm: dict[str, float] = {}
+    for stage in stages:
+        for kind, seconds in stage.communication.items():
+            comm[kind] = comm.get(kind, 0.0) + seconds
+    if pp == 1:
+        only = stages[0]
+        seconds, bubble = w.profile.dispatch + micro * (only.forward + only.backward) + only.update, 0.0
+    else:
+        ends, pipeline_end, comm["stage transfers"] = simulate(w, plan, stages)
+        seconds = max(ends)
+        bubble = max(0.0, pipeline_end - max(micro * (s.forward + s.backward) for s in stages))
+    peak = max((s.memory for s in stages), key=lambda m: m.total)
+    return Estimate(seconds=seconds, compute=tuple(micro * (s.forward + s.backward) for s in stages),
+                    communication={k: v for k, v in comm.items() if v}, bubble=bubble,
+                    optimizer=max(s.update for s in stages), memory=peak, device_memory=w.profile.memory)
+
+
+def _stage_cost(w: Workload, plan: Plan, index: int, busy: int) -> StageCost:
+    stage, pp = plan.stages[index], len(plan.stages)
+    mesh = Submesh.of(stage, plan.batch_axis)
+    fwd, bwd, comm = stage_compute(w, stage.layers, mesh, plan.remat, busy)
+    sync_kind, sync = gradient_sync(w, stage.layers, mesh, plan.reduce_scatter)
+    update, gather = stage_update(w, stage.layers, mesh, plan.reduce_scatter)
+    micro = plan.num_micro_batches
+    in_flight = 1 if pp == 1 else max_in_flight(plan.schedule, pp, index, micro)
+    memory = stage_memory(w, stage.layers, stage.groups, mesh, plan.remat, plan.reduce_scatter, in_flight,
+                          (index == 0, index == pp - 1), fused=pp == 1)
+    if pp > 1 and index > 0:  # the inputs it holds for each in-flight micro-batch
+        held = in_flight * w.micro_batch / mesh.batch_shards * w.activation_bytes * _carry_in(w.model, stage.layers[0])
+        memory = Memory(memory.params, memory.grads, memory.adam, memory.activations + held, memory.workspace)
+    communication = {k: micro * v for k, v in comm.items()}
+    communication[sync_kind] = communication.get(sync_kind, 0.0) + micro * sync
+    if gather:
+        communication["dp all-gather (ZeRO-2)"] = gather
+    return StageCost(fwd, bwd + sync, update, communication, memory)
+
+
+def transfer_time(w: Workload, plan: Plan, index: int) -> float:
+    """Seconds to move one micro-batch's carry from stage index to index + 1 (or a cotangent back):
+    each source device sends its batch shard; across hosts when the two stages share none."""
+    src, dst = plan.stages[index], plan.stages[index + 1]
+    nbytes = w.micro_batch * w.activation_bytes * counts.carry_width(w.model, src.layers[-1])
+    per_host = w.cluster.num_devices_per_host
+    same_host = {d // per_host for d in src.device_ids} & {d // per_host for d in dst.device_ids}
+    link = w.intra if same_host else w.inter
+    return point_to_point(nbytes / Submesh.of(src, plan.batch_axis).batch_shards, link)
+
+
+def simulate(w: Workload, plan: Plan, stages: list[StageCost]) -> tuple[list[float], float, float]:
+    """Event simulation of the pipeline engine: the host dispatches the schedule's dispatch_order
+    (each call, and each device_put between stages, costs profile.dispatch), each stage runs its
+    calls in that order, a forward waits for the previous stage's activation, a backward for the
+    next stage's cotangent; then one update per stage. Returns each stage's end time, when the last backward ended, and the
+    seconds spent in transfers."""
+    pp, micro, dispatch = len(plan.stages), plan.num_micro_batches, w.profile.dispatch
+    hops = [transfer_time(w, plan, s) for s in range(pp - 1)]
+    host, free, done = 0.0, [0.0] * pp, {}
+    for s, kind, m in dispatch_order(plan.schedule, pp, micro):
+        moves = (kind == FORWARD and s < pp - 1) or (kind == BACKWARD and s > 0)
+        host += dispatch * (2 if moves else 1)  # the call, and the device_put of what it hands on
+        if kind == FORWARD:
+            ready = done[s - 1, FORWARD, m] + hops[s - 1] if s > 0 else 0.0
+            seconds = stages[s].forward
+        else:
+            ready = done[s, FORWARD, m]
+            if s < pp - 1:
+                ready = max(ready, done[s + 1, BACKWARD, m] + hops[s])
+            seconds = stages[s].backward
+        done[s, kind, m] = free[s] = max(host, free[s], ready) + seconds
+    ends = []
+    for s in range(pp):
+        host += dispatch
+        ends.append(max(host, free[s]) + stages[s].update)
+    return ends, max(free), 2 * micro * sum(hops)
+
+
+def predict(job: Job, book: ProfileBook, links: Iterable[LinkSpec] = ()) -> dict[str, object]:
+    """What an attempt records before anything is compiled: predicted_time (seconds per
+    iteration), predicted_memory (peak bytes per device) and the breakdown; {} for a plan the
+    engine would reject (Auto search included, until it chooses a plan)."""
+    try:
+        plan = make_plan(job)
+    except PlanError:
+        return {}
+    profile = book.for_job(job)
+    found = estimate(Workload.of(job, profile, links), plan)
+    return {"predicted_time": found.seconds, "predicted_memory": found.peak_bytes,
+            "prediction": {**found.breakdown(), "device_kind": profile.kind, "profile": profile.source}}
+

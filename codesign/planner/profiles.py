@@ -1,0 +1,183 @@
+"""Device profiles: the measured (or published) rates the cost model turns into seconds.
+
+A profile says how fast one device runs each ZHEN mixer (effective FLOP/s forward and backward,
+plus a fixed cost per call), how fast it moves memory, what a program dispatch costs, how
+much aggregate speed n busy devices have (virtual CPU devices share this machine's cores) and,
+for CPU devices, the link between local devices. GPU links come from the cluster's transport:
+NVLink inside a host, EFAx4 or TCPx4 between hosts, defaults a config's [links.NAME] overrides.
+Pure Python: `codesign profile` (engine/profile.py) measures, the store keeps them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from dataclasses import dataclass, field
+from importlib import metadata
+from typing import Any, Iterable, Mapping
+
+import numpy as np
+
+from codesign.spec.config import LinkSpec
+from codesign.spec.types import MIXERS, ClusterSpec, Job
+
+log = logging.getLogger(__name__)
+
+LAYER = "LAYER"  # the layer's own work: skip projection, token concat, LayerNorm
+
+
+@dataclass(frozen=True)
+class Link:
+    bandwidth: float  # bytes/s each device sends on (per direction)
+    latency: float  # seconds per message step
+
+
+@dataclass(frozen=True)
+class Rate:
+    """One kind of work on one device: effective FLOP/s forward and backward, seconds per call."""
+
+    forward: float
+    backward: float
+    overhead: float
+
+
+@dataclass(frozen=True)
+class DeviceProfile:
+    kind: str
+    platform: str  # "gpu" | "cpu"
+    memory: int  # bytes per device
+    rates: tuple[tuple[str, tuple[tuple[str, Rate], ...]], ...]  # precision -> (mixer kind | LAYER -> Rate)
+    bandwidth: float  # memory bytes/s (Adam's update, activation traffic)
+    gather_bandwidth: float  # bytes/s of the folded DOT's kernel gathers and scatters
+    dispatch: float  # seconds the host spends per program call
+    speedup: tuple[tuple[int, float], ...] = ()  # n busy devices -> aggregate speed vs one; () = independent
+    link: Link | None = None  # between local devices (CPU); GPUs use the transport's links
+    update_scratch: float = 0.0  # gradient-sized scratch buffers of a compiled pp = 1 step, beyond the gradients
+    combines_collectives: bool = True  # XLA merges a step's gradient collectives (GPU); CPU: one per array
+    roofline: bool = True  # rates count FLOPs only, activation traffic is added at `bandwidth`;
+    # False: measured rates already include the traffic at the probed widths
+    versions: tuple[tuple[str, str], ...] = ()
+    source: str = "built-in"
+
+    def rate(self, precision: str, kind: str) -> Rate:
+        table = dict(self.rates)
+        return dict(table.get(precision) or table["fp32"])[kind]
+
+    def share(self, busy: int) -> float:
+        """Each of `busy` devices' speed relative to one device running alone."""
+        if not self.speedup or busy <= 1:
+            return 1.0
+        ns, speeds = zip(*self.speedup)
+        return float(np.interp(busy, ns, speeds)) / busy
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["rates"] = {p: {k: dataclasses.asdict(r) for k, r in table} for p, table in self.rates}
+        data["speedup"] = [list(s) for s in self.speedup]
+        data["versions"] = dict(self.versions)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> DeviceProfile:
+        rates = tuple((p, tuple((k, Rate(**r)) for k, r in table.items())) for p, table in data["rates"].items())
+        return cls(kind=data["kind"], platform=data["platform"], memory=int(data["memory"]), rates=rates,
+                   bandwidth=float(data["bandwidth"]), gather_bandwidth=float(data.get("gather_bandwidth", data["bandwidth"])),
+                   dispatch=float(data["dispatch"]),
+                   speedup=tuple((int(n), float(s)) for n, s in data.get("speedup", ())),
+                   link=Link(**data["link"]) if data.get("link") else None,
+                   update_scratch=float(data.get("update_scratch", 0.0)),
+                   combines_collectives=bool(data.get("combines_collectives", True)),
+                   roofline=bool(data.get("roofline", True)),
+                   versions=tuple(sorted(data.get("versions", {}).items())), source=data.get("source", "measured"))
+
+
+# Public figures, per direction: NVLink 4 is 450 GB/s (H100/H200 SXM), of which a ring reaches
+# ~80%; EFAx4 is 4 x 100 Gb/s; TCPx4 4 x 25 Gb/s. Latencies as NCCL sees them.
+DEFAULT_LINKS = {"NVLink": Link(360e9, 10e-6), "EFAx4": Link(40e9, 30e-6), "TCPx4": Link(10e9, 100e-6)}
+
+
+def _uniform(matmul: float, overhead: float, elementwise: float) -> tuple[tuple[str, Rate], ...]:
+    """Every mixer at one effective matmul rate (backward a little less efficient); the layer's
+    own work (the skip projection; its LayerNorm and concat are memory traffic) at another."""
+    rates = [(k, Rate(matmul, 0.8 * matmul, overhead)) for k in MIXERS]
+    return (*rates, (LAYER, Rate(elementwise, elementwise, overhead)))
+
+
+def _gpu(kind: str, memory_gib: float, bf16: float, tf32: float, bandwidth: float) -> DeviceProfile:
+    """A GPU from its dense peak FLOP/s (bf16, and TF32 for fp32) and HBM bandwidth. The
+    efficiencies (40% of peak for the mixers' FLOPs, 80% of HBM, 70 us per mixer call) reproduce
+    the seed model's measured steps within 7% (../shared/perf/README.md: H200 14.2 ms bf16,
+    21.4 ms fp32; H100 16.5 ms, 24.3 ms at batch 1024); tests/test_cost.py checks that."""
+    launch = 70e-6  # the kernels of one mixer call, and the gaps between them
+    return DeviceProfile(kind=kind, platform="gpu", memory=int(memory_gib * 2**30),
+                         rates=(("bf16", _uniform(0.4 * bf16, launch, 0.1 * bf16)),
+                                ("fp32", _uniform(0.4 * tf32, launch, 0.1 * tf32))),
+                         bandwidth=0.8 * bandwidth, gather_bandwidth=0.8 * bandwidth, dispatch=30e-6)
+
+
+BUILTIN: dict[str, DeviceProfile] = {
+    "H100": _gpu("H100", 80, 989e12, 495e12, 3.35e12),
+    "H200": _gpu("H200", 141, 989e12, 495e12, 4.8e12),
+    "A100": _gpu("A100", 80, 312e12, 156e12, 2.04e12),
+    # This kind of machine's CPU before `codesign profile` measured it: two cores shared by the
+    # virtual devices; figures of the same order as a measured profile, refined by measurement.
+    "cpu": DeviceProfile(kind="cpu", platform="cpu", memory=8 * 2**30,
+                         rates=(("fp32", _uniform(20e9, 60e-6, 2e9)),),
+                         bandwidth=5e9, gather_bandwidth=1e9, dispatch=100e-6, speedup=((1, 1.0), (2, 1.3), (4, 1.4), (8, 1.4)),
+                         link=Link(4e9, 20e-6), update_scratch=1.5, combines_collectives=False, roofline=False),
+}
+
+
+def library_versions() -> dict[str, str]:
+    """What a measured profile depends on besides the device, read without importing JAX."""
+    return {name: metadata.version(name) for name in ("jax", "jaxlib")}
+
+
+def builtin_kind(device_kind: str) -> str | None:
+    """The built-in profile for a JAX device kind such as "NVIDIA H100 80GB HBM3"."""
+    return next((k for k in BUILTIN if k.lower() in device_kind.lower()), None)
+
+
+@dataclass
+class ProfileBook:
+    """The profiles at hand: built-in ones overlaid with those measured into the DB, and which
+    kind this machine's devices are on each platform."""
+
+    profiles: dict[str, DeviceProfile] = field(default_factory=lambda: dict(BUILTIN))
+    local: dict[str, str] = field(default_factory=lambda: {"cpu": "cpu", "gpu": "H100", "auto": "H100"})
+
+    def add(self, profile: DeviceProfile) -> None:
+        """Keep a measured profile; a GPU one also says which GPUs this machine (or DB) has."""
+        self.profiles[profile.kind] = profile
+        if profile.platform == "gpu":
+            self.local["gpu"] = self.local["auto"] = profile.kind
+
+    @property
+    def kinds(self) -> list[str]:
+        return sorted(self.profiles)
+
+    def known(self, kind: str) -> bool:
+        return kind in self.profiles or builtin_kind(kind) is not None
+
+    def for_job(self, job: Job) -> DeviceProfile:
+        """A simulated cluster's declared device, else this machine's device of the job's platform."""
+        kind = job.cluster.device if job.cluster.is_simulated else self.local.get(job.platform, job.platform)
+        found = self.profiles.get(kind) or self.profiles.get(builtin_kind(kind) or "")
+        if found is None:
+            log.warning("no profile for device kind %r; pricing it as an H100", kind)
+            return self.profiles["H100"]
+        return found
+
+
+def cluster_links(profile: DeviceProfile, cluster: ClusterSpec,
+                  overrides: Iterable[LinkSpec] = ()) -> tuple[Link, Link]:
+    """(inside a host, between hosts). Virtual CPU devices talk through local memory whatever the
+    declared transport; GPUs use NVLink inside a host and the cluster's transport across hosts."""
+    if profile.link is not None and profile.platform == "cpu":
+        return profile.link, profile.link
+    links = dict(DEFAULT_LINKS)
+    for spec in overrides:
+        base = links[spec.name]
+        links[spec.name] = Link(spec.bandwidth or base.bandwidth,
+                                base.latency if spec.latency is None else spec.latency)
+    return links["NVLink"], links[cluster.transport]

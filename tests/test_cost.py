@@ -1,0 +1,207 @@
+"""The cost model (pure): formulas, per-stage costs, the pipeline simulation, memory, the plan space."""
+
+import dataclasses
+import subprocess
+import sys
+
+import pytest
+
+from codesign.planner import cost
+from codesign.planner.cost import (
+    Memory,
+    StageCost,
+    Submesh,
+    Workload,
+    estimate,
+    simulate,
+)
+from codesign.planner.plan import Plan, StagePlan, make_plan
+from codesign.planner.profiles import (
+    BUILTIN,
+    DeviceProfile,
+    Link,
+    ProfileBook,
+    cluster_links,
+)
+from codesign.planner.space import candidate_specs, plan_space, same_plan
+from codesign.spec.config import LinkSpec
+from codesign.spec.types import ClusterSpec, Job, ModelSpec, ParallelSpec, TrainingSpec
+from codesign.zhen import counts
+
+SEED = ModelSpec(512, 160, 20, 4, (("ATTENTION", "LINEAR", "ATTENTION", "DOT"),) * 4)
+SMALL = ModelSpec(32, 16, 4, 4, (("ATTENTION", "LINEAR"), ("DOT",), ("CONVOLUTION", "LINEAR"), ("DOT", "ATTENTION")))
+
+
+def job(model=SEED, hosts=1, per_host=1, pp_dp_op=(1, 1, 1), micro=1, batch=1024, precision="fp32",
+        transport="NVLink", device="H100", **parallel) -> Job:
+    cluster = ClusterSpec(hosts, per_host, transport, "sim", device)
+    spec = ParallelSpec("manual", (micro,), pp_dp_op=pp_dp_op, **parallel)
+    return Job(model, cluster, TrainingSpec(batch, 5, precision=precision), spec, micro, "sim")
+
+
+def priced(j: Job, profile: DeviceProfile | None = None) -> cost.Estimate:
+    return estimate(Workload.of(j, profile or BUILTIN[j.cluster.device]), make_plan(j))
+
+
+def test_importing_the_planner_and_pricing_never_imports_jax():
+    code = ("import sys, codesign.planner.cost, codesign.planner.space, codesign.planner.report, "
+            "codesign.run.profiling, codesign.cli; assert 'jax' not in sys.modules, 'jax imported'")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_collective_formulas():
+    link = Link(bandwidth=100.0, latency=1.0)
+    assert cost.all_reduce(800.0, 4, link) == pytest.approx(6 * 1.0 + 1.5 * 8.0)
+    assert cost.all_gather(800.0, 4, link) == pytest.approx(3 * 1.0 + 0.75 * 8.0)
+    assert cost.all_reduce(800.0, 1, link) == 0.0
+    assert cost.point_to_point(100.0, link) == 2.0
+    inter = Link(10.0, 5.0)  # across 2 hosts of 4: inside each host, then a quarter of the bytes across
+    assert cost.hierarchical(cost.all_reduce, 800.0, 2, 4, link, inter) == pytest.approx(
+        cost.all_reduce(800.0, 4, link) + cost.all_reduce(200.0, 2, inter))
+
+
+@pytest.mark.parametrize("device, precision, measured_ms", [
+    ("H200", "bf16", 14.16), ("H200", "fp32", 1024 / 47_800 * 1e3),
+    ("H100", "bf16", 1024 / 62_000 * 1e3), ("H100", "fp32", 1024 / 42_200 * 1e3)])
+def test_builtin_gpus_reproduce_the_measured_seed_step(device, precision, measured_ms):
+    """../shared/perf/README.md: the seed model at batch 1024 on one GPU."""
+    predicted = priced(job(device=device, precision=precision)).seconds * 1e3
+    assert predicted == pytest.approx(measured_ms, rel=0.1)
+
+
+def test_single_device_memory_is_params_grads_and_adam_plus_activations():
+    e = priced(job())
+    params = counts.param_count(SEED) * 4
+    assert (e.memory.params, e.memory.grads, e.memory.adam) == (params, params, 2 * params)
+    assert e.memory.activations > 0 and e.memory.workspace >= 1024 * counts.input_width(SEED) * 4
+    assert e.fits and e.peak_bytes == int(e.memory.total)
+
+
+def test_zero2_divides_gradients_and_moments_over_dp_and_op_shards_mlp_params():
+    plain = priced(job(per_host=8, pp_dp_op=(1, 8, 1)))
+    zero = priced(job(per_host=8, pp_dp_op=(1, 8, 1), auto_sharding_option=(("prefer_reduce_scatter", True),)))
+    assert zero.memory.params == plain.memory.params
+    assert zero.memory.grads == pytest.approx(plain.memory.grads / 8)
+    assert zero.memory.adam == pytest.approx(plain.memory.adam / 8)
+    op = priced(job(per_host=8, pp_dp_op=(1, 1, 8)))
+    sharded = sum(counts.layer_work(SEED, i).sharded_params for i in range(4))
+    assert op.memory.params == pytest.approx((counts.param_count(SEED) - sharded * 7 / 8) * 4)
+    assert "op all-reduce" in op.communication and "dp reduce-scatter" in zero.communication
+
+
+def test_remat_keeps_less_and_recomputes():
+    base, remat = priced(job(micro=4)), priced(job(micro=4, remat_layer=True, num_auto_layers=4))
+    assert remat.memory.activations < base.memory.activations / 3
+    assert remat.seconds > base.seconds
+
+
+def flat_workload(dispatch: float = 0.0) -> Workload:
+    """Zero-cost dispatch and infinitely fast links: the simulation shows the schedule alone."""
+    profile = dataclasses.replace(BUILTIN["H100"], dispatch=dispatch)
+    w = Workload.of(job(per_host=2, pp_dp_op=(2, 1, 1), micro=4, num_auto_layers=2), profile)
+    return dataclasses.replace(w, intra=Link(float("inf"), 0.0), inter=Link(float("inf"), 0.0))
+
+
+@pytest.mark.parametrize("schedule", ["1F1B", "GPipe"])
+def test_pipeline_simulation_of_equal_stages_matches_the_closed_form(schedule):
+    """Equal stages, forward 1 s, backward 2 s: (micro + pp - 1) * (f + b), whatever the schedule."""
+    w = flat_workload()
+    plan = dataclasses.replace(make_plan(job(per_host=2, pp_dp_op=(2, 1, 1), micro=4, num_auto_layers=2)),
+                               schedule=schedule)
+    stage = StageCost(1.0, 2.0, 0.5, {}, Memory())
+    ends, pipeline_end, transfers = simulate(w, plan, [stage, stage])
+    assert pipeline_end == pytest.approx((4 + 2 - 1) * 3.0)
+    assert max(ends) == pytest.approx(15.5) and transfers == 0.0
+
+
+def test_pipeline_simulation_waits_for_the_host_dispatch():
+    w = flat_workload(dispatch=10.0)  # dispatch dominates: every call waits for the host
+    plan = make_plan(job(per_host=2, pp_dp_op=(2, 1, 1), micro=2, num_auto_layers=2))
+    stage = StageCost(1.0, 1.0, 0.0, {}, Memory())
+    ends, _, _ = simulate(w, plan, [stage, stage])
+    # 8 calls, 4 of them handing on an activation or cotangent (a device_put each), 2 updates
+    assert max(ends) == pytest.approx(10.0 * (8 + 4 + 2))
+
+
+def test_gpipe_holds_more_activations_than_1f1b_and_bubbles_are_reported():
+    one = priced(job(per_host=4, pp_dp_op=(4, 1, 1), micro=8, num_auto_layers=4))
+    gpipe = priced(job(per_host=4, pp_dp_op=(4, 1, 1), micro=8, num_auto_layers=4, pipeline_schedule="GPipe"))
+    assert gpipe.memory.activations > one.memory.activations
+    assert one.bubble > 0 and len(one.compute) == 4 and "stage transfers" in one.communication
+
+
+def test_any_plan_is_priced_and_stage_costs_add_up_over_layers():
+    """Uneven stages, each with its own layers and (dp, op): what a DP over boundaries will build."""
+    j = job(per_host=8, pp_dp_op=(2, 2, 2), micro=4, num_auto_layers=4)
+    w = Workload.of(j, BUILTIN["H100"])
+    uneven = Plan(stages=(StagePlan((0,), ((0,),), (0, 1), 2, 1), StagePlan((1, 2, 3), ((1, 2, 3),), (2, 3, 4, 5, 6, 7), 2, 3)),
+                  num_micro_batches=4, batch_axis="dp", remat=False, reduce_scatter=False, schedule="1F1B",
+                  placement="contiguous")
+    e = estimate(w, uneven)
+    assert len(e.compute) == 2 and e.seconds > max(e.compute)
+    mesh = Submesh((0, 1, 2, 3), 2, 2)
+    whole = cost.stage_compute(w, (0, 1, 2, 3), mesh, False, 8)
+    parts = [cost.stage_compute(w, (i,), mesh, False, 8) for i in range(4)]
+    assert whole[0] == pytest.approx(sum(p[0] for p in parts))
+    assert whole[1] == pytest.approx(sum(p[1] for p in parts))
+
+
+def test_cpu_profile_shares_cores_between_busy_devices():
+    cpu = BUILTIN["cpu"]
+    assert cpu.share(1) == 1.0 and cpu.share(8) == pytest.approx(1.4 / 8)
+    small = dict(model=SMALL, batch=16)
+    one = priced(job(device="cpu", **small))
+    eight = priced(job(device="cpu", per_host=8, pp_dp_op=(1, 8, 1), **small))
+    # Each of 8 devices does 1/8 of the work at 1.4/8 of one device's speed: not 8x faster.
+    assert eight.seconds > 0.5 * one.seconds
+
+
+def test_links_are_overridable_per_transport():
+    profile = BUILTIN["H100"]
+    cluster = ClusterSpec(2, 8, "EFAx4", "sim", "H100")
+    intra, inter = cluster_links(profile, cluster, [LinkSpec("EFAx4", bandwidth=1e9)])
+    assert intra.bandwidth == 360e9 and (inter.bandwidth, inter.latency) == (1e9, 30e-6)
+    slow = Workload.of(job(hosts=2, per_host=8, transport="EFAx4", pp_dp_op=(1, 16, 1)), profile,
+                       [LinkSpec("EFAx4", bandwidth=1e9)])
+    fast = Workload.of(job(hosts=2, per_host=8, transport="EFAx4", pp_dp_op=(1, 16, 1)), profile)
+    plan = make_plan(job(hosts=2, per_host=8, transport="EFAx4", pp_dp_op=(1, 16, 1)))
+    assert estimate(slow, plan).seconds > estimate(fast, plan).seconds
+
+
+def test_profiles_round_trip_through_json_and_book_lookup():
+    cpu = BUILTIN["cpu"]
+    assert DeviceProfile.from_dict(cpu.to_dict()) == dataclasses.replace(cpu, source="built-in")
+    book = ProfileBook()
+    gpu = Job(SEED, ClusterSpec(1, 1, "NVLink", "gpu"), TrainingSpec(8, 5), ParallelSpec("x", (1,)), 1, "gpu")
+    book.local["gpu"] = "NVIDIA H200"
+    assert book.for_job(gpu).kind == "H200" and book.known("NVIDIA A100-SXM4-80GB")
+    assert not book.known("TPU v5")
+
+
+def test_plan_space_covers_every_kind_and_each_plan_uses_every_device():
+    j = job(hosts=2, per_host=4, transport="EFAx4", micro=4)
+    specs = list(candidate_specs(j))
+    assert {s.pp_dp_op[0] for s in specs} == {1, 2, 4}
+    assert all(s.pp_dp_op[0] * s.pp_dp_op[1] * s.pp_dp_op[2] == 8 for s in specs)
+    assert {s.pipeline_schedule for s in specs} == {"1F1B", "GPipe"}
+    assert any(s.physical_mesh_shape == (2, 2) for s in specs) and any(s.remat_layer for s in specs)
+    space = plan_space(j, Workload.of(j, BUILTIN["H100"]))
+    times = [p.estimate.seconds for p in space if p.estimate.fits]
+    assert times == sorted(times) and len(space) == len(specs)
+    for p in space:
+        assert sorted(d for s in p.plan.stages for d in s.device_ids) == list(range(8))
+
+
+def test_same_plan_ignores_the_placement_name():
+    a = make_plan(job(per_host=8, pp_dp_op=(1, 8, 1)))
+    b = make_plan(job(per_host=8, pp_dp_op=(1, 8, 1), physical_mesh_shape=(1, 8), num_auto_layers=4))
+    assert a.placement != b.placement and same_plan(a, b)
+    assert not same_plan(a, dataclasses.replace(a, reduce_scatter=True))
+
+
+def test_layer_work_adds_up_to_the_model_counts():
+    for model in (SEED, SMALL):
+        works = [counts.layer_work(model, i) for i in range(model.num_zhen_layers)]
+        assert sum(w.params for w in works) == counts.param_count(model)
+        assert sum(w.flops for w in works) == counts.forward_flops_per_sample(model, fold_dot=True)
+        assert all(0 <= w.sharded_params < w.params and 0 <= w.sharded_activations < w.activations for w in works)

@@ -1,0 +1,127 @@
+"""The cost model against real CPU runs: `codesign profile` measures this machine once, a sweep
+reuses the profile, records predictions beside measurements, and the errors stay bounded.
+
+The bound is loose (50% median error) so that a loaded CI machine does not flake it; it
+catches a broken model (a unit slip, a missing term) rather than grading a good one.
+bench/bench_cost_model.py on bench/cost_cpu.toml gives the real figures."""
+
+import importlib.util
+import json
+import sqlite3
+
+import pytest
+
+from codesign.planner.profiles import BUILTIN
+from codesign.run import profiling
+from codesign.spec.jobs import PlannedJob
+from codesign.spec.types import ClusterSpec, Job, ModelSpec, ParallelSpec, TrainingSpec
+from codesign.store.database import Store
+from tests.conftest import REPO, run_cli
+
+CONFIG = """
+[training_spec]
+avg_batch_size_per_device = 16
+num_iters = 8
+
+[[model]]
+num_features = 16
+emb_dim = 8
+output_per_emb = 4
+num_zhen_layers = 2
+tokens = ["DOT", "ATTENTION", "LINEAR", "CONVOLUTION"]
+
+[[cluster_spec]]
+num_hosts = 1
+num_devices_per_host = 1
+transport = "NVLink"
+platform = "cpu"
+
+[[cluster_spec]]
+num_hosts = 1
+num_devices_per_host = 2
+transport = "NVLink"
+platform = "cpu"
+
+[[parallel_spec]]
+description = "one device"
+num_micro_batches = [1, 4]
+"(pp, dp, op)" = [1, 1, 1]
+
+[[parallel_spec]]
+description = "data parallel"
+num_micro_batches = [2]
+"(pp, dp, op)" = [1, 2, 1]
+
+[[parallel_spec]]
+description = "operator parallel"
+num_micro_batches = [1]
+"(pp, dp, op)" = [1, 1, 2]
+
+[[parallel_spec]]
+description = "pipeline"
+num_micro_batches = [2]
+"(pp, dp, op)" = [2, 1, 1]
+num_auto_layers = 2
+"""
+
+
+def bench_errors():
+    spec = importlib.util.spec_from_file_location("bench_cost_model", REPO / "bench" / "bench_cost_model.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.errors, module.summary
+
+
+def test_profile_then_sweep_predicts_cpu_runs_within_bounds(tmp_path):
+    measuring = {"CODESIGN_PROFILE": ""}
+    proc = run_cli("profile", "-d", "r.db", "--platform", "cpu", cwd=tmp_path, env=measuring)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    profile = json.loads(proc.stdout)
+    assert profile["kind"] == "cpu" and profile["source"] == "measured" and not profile["roofline"]
+    assert [n for n, _ in profile["speedup"]] == [1, 2, 4, 8] and profile["link"]["bandwidth"] > 0
+    assert set(profile["rates"]["fp32"]) == {"DOT", "LINEAR", "ATTENTION", "CONVOLUTION", "LAYER"}
+
+    (tmp_path / "c.toml").write_text(CONFIG)
+    proc = run_cli("-c", "c.toml", "-d", "r.db", cwd=tmp_path, env=measuring)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "profiling" not in proc.stderr  # the stored profile fits: not measured again
+    conn = sqlite3.connect(tmp_path / "r.db")
+    rows = conn.execute("SELECT status, predicted_time, predicted_memory, compiled_memory, max_memory "
+                        "FROM attempts").fetchall()
+    assert len(rows) == 5 and {r[0] for r in rows} == {"succeeded"}
+    assert all(r[1] > 0 and r[2] > 0 and r[3] == r[4] for r in rows)  # CPU: max_memory is XLA's analysis
+
+    errors, summary = bench_errors()
+    found = summary(errors(str(tmp_path / "r.db")))
+    print(f"CPU cost model on {found['n']} attempts: time median {found['time_median']:.1%} "
+          f"p90 {found['time_p90']:.1%}; memory median {found['memory_median']:.1%} p90 {found['memory_p90']:.1%}")
+    assert found["n"] == 5
+    assert found["time_median"] <= 0.5 and found["memory_median"] <= 0.5
+
+
+def test_a_sweep_measures_each_platform_once_and_reuses_the_profile(tmp_path, monkeypatch):
+    measured = []
+
+    def measure(platform):
+        measured.append(platform)
+        return BUILTIN["cpu"]
+
+    monkeypatch.setattr(profiling, "measure", measure)
+    monkeypatch.delenv("CODESIGN_PROFILE", raising=False)
+    cpu = Job(ModelSpec(4, 2, 1, 1, (("LINEAR",),)), ClusterSpec(1, 2, "NVLink", "cpu"), TrainingSpec(2, 2),
+              ParallelSpec("dp", (1,), 1, False, (1, 2, 1)), 1, "cpu")
+    sim = Job(cpu.model, ClusterSpec(1, 2, "NVLink", "sim", "H100"), cpu.training, cpu.parallel, 1, "sim")
+    planned = [PlannedJob(cpu), PlannedJob(cpu), PlannedJob(sim)]
+    store = Store(tmp_path / "r.db")
+    book = profiling.ensure_profiles(store, planned)
+    assert measured == ["cpu"] and book.for_job(cpu).kind == "cpu" and book.for_job(sim).kind == "H100"
+    profiling.ensure_profiles(store, planned)
+    assert measured == ["cpu"]  # kept in the DB under this kind and these library versions
+
+
+def test_jobs_that_will_not_run_are_not_profiled_for(tmp_path, monkeypatch):
+    monkeypatch.setattr(profiling, "measure", lambda platform: pytest.fail("measured"))
+    monkeypatch.delenv("CODESIGN_PROFILE", raising=False)
+    gpu = Job(ModelSpec(4, 2, 1, 1, (("LINEAR",),)), ClusterSpec(2, 1, "EFAx4", "gpu"), TrainingSpec(2, 2),
+              ParallelSpec("dp", (1,), 1, False, (1, 2, 1)), 1, "gpu")
+    profiling.ensure_profiles(Store(tmp_path / "r.db"), [PlannedJob(gpu, "needs 2 GPU hosts")])

@@ -1,0 +1,146 @@
+"""`codesign plan`, simulated clusters through the sweep, and the errors a user can make there."""
+
+import csv
+import io
+import json
+import sqlite3
+import time
+
+import pandas as pd
+import pytest
+
+from codesign.outcome import Outcome
+from codesign.spec.types import ClusterSpec, Job, ModelSpec, ParallelSpec, TrainingSpec
+from codesign.store.database import Store
+from codesign.store.export import export_csv
+from tests.conftest import REPO, run_cli
+
+SIM_JOB = Job(ModelSpec(4, 2, 1, 1, (("LINEAR",),)), ClusterSpec(1, 8, "NVLink", "sim", "H100"),
+              TrainingSpec(2, 2), ParallelSpec("dp", (1,), 1, False, (1, 8, 1)), 1, "sim")
+
+SEED_SIM = (REPO / "bench" / "plan_sim.toml").read_text()  # seed model on 8, 16, 64 simulated H100s
+
+
+def rows(db) -> list[dict]:
+    conn = sqlite3.connect(db)
+    conn.row_factory = sqlite3.Row
+    try:
+        return [dict(r) for r in conn.execute("SELECT * FROM attempts ORDER BY id")]
+    finally:
+        conn.close()
+
+
+def test_plan_ranks_every_plan_of_each_cluster_and_marks_manual_specs(tmp_path):
+    (tmp_path / "c.toml").write_text(SEED_SIM)
+    start = time.monotonic()
+    proc = run_cli("plan", "-c", "c.toml", "--format", "csv", cwd=tmp_path)
+    seconds = time.monotonic() - start
+    assert proc.returncode == 0, proc.stderr
+    table = list(csv.DictReader(io.StringIO(proc.stdout)))
+    by_cluster = {}
+    for row in table:
+        by_cluster.setdefault(row["cluster"], []).append(row)
+    assert sorted(by_cluster) == ["1x8 NVLink (sim H100)", "2x8 EFAx4 (sim H100)", "8x8 EFAx4 (sim H100)"]
+    for cluster, plans in by_cluster.items():
+        assert [int(r["rank"]) for r in plans] == list(range(1, len(plans) + 1))
+        fitting = [float(r["time_ms"]) for r in plans if r["fits"] == "True"]
+        assert fitting == sorted(fitting) and len(plans) > 40
+        baseline = [r for r in plans if r["plan"].startswith("pp1 dp") and float(r["speedup_vs_dp"] or 0) == 1.0]
+        assert baseline, cluster
+    manual = {r["manual"] for r in by_cluster["1x8 NVLink (sim H100)"] if r["manual"]}
+    assert manual == {"data parallel", "pipeline"}
+    assert not any(r["manual"] for r in by_cluster["2x8 EFAx4 (sim H100)"])  # 8-device specs do not match
+    assert not (tmp_path / "results.db").exists()
+    print(f"codesign plan on 8, 16 and 64 simulated H100s: {seconds:.2f} s for {len(table)} plans")
+
+
+def test_plan_top_k_table(tmp_path):
+    (tmp_path / "c.toml").write_text(SEED_SIM)
+    proc = run_cli("plan", "-c", "c.toml", "--top", "2", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0].split()[:5] == ["model", "cluster", "micro_batches", "rank", "plan"]
+    # Two best per cluster, plus the two manual specs of the 8-GPU cluster wherever they rank.
+    assert 6 <= len(lines) - 1 <= 8
+    assert "codesign: " in proc.stderr and "plans priced" in proc.stderr
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda t: t.replace('device = "H100"', 'device = "B200"', 1),
+     "c.toml: [[cluster_spec]] #1 field 'device': unknown device kind 'B200'; known kinds: A100, H100, H200, cpu"),
+    (lambda t: t.replace('device = "H100"\n', "", 1),
+     "c.toml: [[cluster_spec]] #1 field 'device': is required with platform = \"sim\""),
+    (lambda t: t + "\n[links.EFAx4]\nbandwidth = -5e9\n",
+     "c.toml: [links.EFAx4] field 'bandwidth': expected a positive number, got -5000000000.0"),
+    (lambda t: t + "\n[links.Infiniband]\nbandwidth = 5e9\n", "c.toml: top level field 'links': unknown link"),
+])
+@pytest.mark.parametrize("command", [("plan",), ()])
+def test_bad_simulation_input_exits_2_naming_the_field(tmp_path, edit, message, command):
+    (tmp_path / "c.toml").write_text(edit(SEED_SIM))
+    proc = run_cli(*command, "-c", "c.toml", "-d", "r.db", cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    assert message in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+    assert proc.stdout == "" and not (tmp_path / "r.db").exists()
+
+
+def test_link_overrides_change_the_prediction(tmp_path):
+    (tmp_path / "fast.toml").write_text(SEED_SIM)
+    (tmp_path / "slow.toml").write_text(SEED_SIM + "\n[links.EFAx4]\nbandwidth = 1e9\nlatency = 1e-3\n")
+    times = {}
+    for name in ("fast", "slow"):
+        proc = run_cli("plan", "-c", f"{name}.toml", "--format", "csv", cwd=tmp_path)
+        table = [r for r in csv.DictReader(io.StringIO(proc.stdout)) if r["cluster"].startswith("8x8")]
+        times[name] = {r["plan"]: float(r["time_ms"]) for r in table}
+    assert times["slow"]["pp1 dp64 op1"] > 2 * times["fast"]["pp1 dp64 op1"]
+
+
+def test_simulated_clusters_are_recorded_with_predictions_and_skipped_on_rerun(tmp_path):
+    (tmp_path / "c.toml").write_text(SEED_SIM)
+    proc = run_cli("-c", "c.toml", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    attempts = rows(tmp_path / "results.db")
+    assert [r["status"] for r in attempts].count("simulated") == 2  # the two 8-GPU manual specs
+    assert [r["status"] for r in attempts].count("invalid") == 3  # Auto search: not supported yet
+    for r in attempts:
+        if r["status"] == "simulated":
+            assert r["predicted_time"] > 0 and r["predicted_memory"] > 0 and r["platform"] == "sim"
+            assert r["median"] is None and r["compiled_memory"] is None
+            prediction = json.loads(r["all_configs"])["prediction"]
+            assert prediction["device_kind"] == "H100" and prediction["fits"] is True
+            assert prediction["seconds"] == r["predicted_time"]
+    again = run_cli("-c", "c.toml", "--retry-failed", cwd=tmp_path)  # simulated counts as finished
+    assert "attempted: 3 invalid; skipped (already recorded or running elsewhere): 2" in again.stderr
+    assert export_csv(tmp_path / "results.db", tmp_path / "all.csv", "all") == 8
+    frame = pd.read_csv(tmp_path / "all.csv")
+    assert (frame["status"] == "simulated").sum() == 2 and frame["predicted_time"].notna().sum() == 2
+
+
+def test_migration_allows_simulated_keeps_views_and_moves_xla_memory(tmp_path):
+    """A DB of the previous release, with a user's view over attempts."""
+    db = tmp_path / "old.db"
+    conn = sqlite3.connect(db)
+    conn.executescript((REPO / "tests" / "data" / "results_v0.1.0.sql").read_text())
+    conn.execute("CREATE VIEW mine AS SELECT id, status FROM attempts WHERE avg IS NOT NULL")
+    conn.commit()
+    before = [dict(zip(("id", "mem"), r)) for r in conn.execute("SELECT id, predicted_memory FROM attempts")]
+    conn.close()
+    store = Store(db)
+    after = store.attempts()
+    assert [(r["id"], r["compiled_memory"], r["predicted_memory"]) for r in after] == [
+        (b["id"], b["mem"], None) for b in before]
+    assert store.conn.execute("SELECT count(*) FROM mine").fetchone()[0] == sum(r["avg"] is not None for r in after) > 0
+    assert store.conn.execute("SELECT name FROM sqlite_master WHERE type = 'index'").fetchall()
+    attempt = store.claim("sim-key", SIM_JOB, retry_failed=False)
+    assert store.finish(attempt, Outcome("simulated", metrics={"predicted_time": 0.5}))
+    assert store.decide("sim-key", retry_failed=True) == "skip"
+    with pytest.raises(sqlite3.IntegrityError):
+        store.conn.execute("UPDATE attempts SET status = 'bogus' WHERE id = ?", (attempt,))
+
+
+def test_profiles_are_kept_per_kind_and_versions(tmp_path):
+    store = Store(tmp_path / "r.db")
+    store.save_profile("cpu", {"jax": "1"}, "cpu", {"kind": "cpu", "n": 1})
+    store.save_profile("cpu", {"jax": "2"}, "cpu", {"kind": "cpu", "n": 2})
+    store.save_profile("cpu", {"jax": "1"}, "cpu", {"kind": "cpu", "n": 3})
+    assert store.profile("cpu", {"jax": "1"})["n"] == 3 and store.profile("cpu", {"jax": "3"}) is None
+    assert store.latest_profiles() == {"cpu": {"kind": "cpu", "n": 3}}
