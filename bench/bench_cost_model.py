@@ -13,11 +13,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import sqlite3
 import sys
 from collections import defaultdict
 
 import numpy as np
+
+from codesign.outcome import SUCCEEDED
+from codesign.planner.cost import predict
+from codesign.run.profiling import load_book
+from codesign.spec.types import Job
+from codesign.store.database import Store
 
 
 def plan_kind(row: dict) -> str:
@@ -34,32 +39,20 @@ def plan_kind(row: dict) -> str:
     return " ".join([kind, *marks])
 
 
-def repredict(db: str, rows: list[dict]) -> list[dict]:
+def repredict(store: Store, rows: list[dict]) -> list[dict]:
     """The rows with predicted_time and predicted_memory from the current cost model."""
-    from codesign.planner.cost import predict
-    from codesign.run.profiling import load_book
-    from codesign.spec.types import Job
-    from codesign.store.database import Store
-
-    store = Store(db, read_only=True)
-    try:
-        book = load_book(store)
-    finally:
-        store.close()
+    book = load_book(store)
     return [{**r, **predict(Job.from_dict(json.loads(r["all_configs"])), book)} for r in rows]
 
 
 def errors(db: str, fresh: bool = False) -> list[dict]:
     """One dict per succeeded attempt with a prediction: platform, kind, time and memory errors."""
-    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
-    conn.row_factory = sqlite3.Row
+    store = Store(db, read_only=True)
     try:
-        rows = [dict(r) for r in conn.execute(
-            "SELECT * FROM attempts WHERE status = 'succeeded' AND predicted_time IS NOT NULL")]
+        rows = store.attempts((SUCCEEDED,))
+        rows = repredict(store, rows) if fresh else [r for r in rows if r["predicted_time"] is not None]
     finally:
-        conn.close()
-    if fresh:
-        rows = repredict(db, rows)
+        store.close()
     return [{"platform": r["platform"], "kind": plan_kind(r),
              "time": abs(r["predicted_time"] - r["median"]) / r["median"],
              "memory": abs(r["predicted_memory"] - r["max_memory"]) / r["max_memory"]} for r in rows]
