@@ -134,7 +134,7 @@ def test_any_plan_is_priced_and_stage_costs_add_up_over_layers():
     """Uneven stages, each with its own layers and (dp, op): what a DP over boundaries will build."""
     j = job(per_host=8, pp_dp_op=(2, 2, 2), micro=4, num_auto_layers=4)
     w = Workload.of(j, BUILTIN["H100"])
-    uneven = Plan(stages=(StagePlan((0,), ((0,),), (0, 1), 2, 1), StagePlan((1, 2, 3), ((1, 2, 3),), (2, 3, 4, 5, 6, 7), 2, 3)),
+    uneven = Plan(stages=(StagePlan(((0,),), (0, 1), 2, 1), StagePlan(((1, 2, 3),), (2, 3, 4, 5, 6, 7), 2, 3)),
                   num_micro_batches=4, batch_axis="dp", remat=False, reduce_scatter=False, schedule="1F1B",
                   placement="contiguous")
     e = estimate(w, uneven)
