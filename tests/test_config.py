@@ -69,6 +69,23 @@ def test_config_errors_name_file_table_and_field(tmp_path, old, new, table, fiel
     assert str(path) in str(err.value) and table in str(err.value)
 
 
+@pytest.mark.parametrize("spelt, canonical", [("gpipe", "GPipe"), ("GPIPE", "GPipe"), ("1f1b", "1F1B"),
+                                              ("GPipe", "GPipe")])
+def test_alpa_schedule_spellings_load_as_the_canonical_name(tmp_path, spelt, canonical):
+    text = BASE.replace('"(pp, dp, op)" = [1, 2, 1]', f'"(pp, dp, op)" = [2, 1, 1]\npipeline_schedule = "{spelt}"')
+    same = BASE.replace('"(pp, dp, op)" = [1, 2, 1]', f'"(pp, dp, op)" = [2, 1, 1]\npipeline_schedule = "{canonical}"')
+    assert load_config(write(tmp_path, text)) == load_config(write(tmp_path, same))
+    assert load_config(write(tmp_path, text)).parallels[0].pipeline_schedule == canonical
+
+
+def test_an_unknown_schedule_keeps_the_clear_error(tmp_path):
+    text = BASE.replace('"(pp, dp, op)" = [1, 2, 1]', '"(pp, dp, op)" = [2, 1, 1]\npipeline_schedule = "zigzag"')
+    with pytest.raises(ConfigError) as err:
+        load_config(write(tmp_path, text))
+    assert (err.value.table, err.value.field) == ("[[parallel_spec]] #1", "pipeline_schedule")
+    assert "expected one of ['1F1B', 'GPipe'], got 'zigzag'" in str(err.value)
+
+
 def test_placement_must_match_stages(tmp_path):
     text = BASE.replace('"(pp, dp, op)" = [1, 2, 1]', '"(pp, dp, op)" = [2, 1, 1]\n'
                         'host_ids = [[0], [0]]\ndevice_ids = [[[0]], [[1, 2]]]')
