@@ -4,12 +4,15 @@ One row per attempt. The store enforces the attempt state machine: an attempt is
 claimed as `running` atomically (two orchestrators never run one job at once), and
 only a running attempt can be closed. A running attempt whose orchestrator is gone
 (dead pid on this host, or a heartbeat older than STALE_AFTER by the DB's clock)
-becomes `interrupted`. The schema version lives in PRAGMA user_version, and older
-DBs are brought forward by the ordered migrations of `schema`.
+becomes `interrupted`, which is not the job's fault: the job runs again without a flag,
+up to MAX_INTERRUPTED times. The schema version lives in PRAGMA user_version, and older
+DBs are brought forward by the ordered migrations of `schema`, in one transaction. A file
+that is not a sound SQLite DB is refused before anything is written to it.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import datetime
 import json
@@ -17,6 +20,7 @@ import os
 import socket
 import sqlite3
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
@@ -34,8 +38,24 @@ from codesign.outcome import (
 from codesign.spec.types import Job
 from codesign.store.schema import MIGRATIONS, SCHEMA_VERSION
 
+BUSY_TIMEOUT = 60.0  # seconds a write waits for another process's lock before it fails
+MAX_INTERRUPTED = 3  # interrupted attempts a job is retried for without --retry-failed
 STALE_AFTER = 120.0  # seconds without a heartbeat before another host's attempt counts as dead
 NOW = "((julianday('now') - 2440587.5) * 86400.0)"  # the DB clock, in unix seconds
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What a run would do with a job: "run", "skip" or "running" (elsewhere, now)."""
+
+    action: str
+    interrupted: int = 0  # interrupted attempts this run retries
+
+    def __str__(self) -> str:
+        if self.action == "run" and self.interrupted:
+            return f"retry: interrupted {self.interrupted} of {MAX_INTERRUPTED}"
+        return self.action
+
 
 class Store:
     def __init__(self, path: str | Path, read_only: bool = False):
@@ -43,15 +63,19 @@ class Store:
         self.host = socket.gethostname()
         self.pid = os.getpid()
         try:
-            if read_only:
-                self.conn = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, isolation_level=None)
-            else:
-                self.conn = sqlite3.connect(self.path, isolation_level=None, timeout=30)
-                self.conn.execute("PRAGMA journal_mode=WAL")
+            self.conn = sqlite3.connect(f"file:{self.path}?mode=ro" if read_only else self.path,
+                                        uri=read_only, isolation_level=None, timeout=BUSY_TIMEOUT)
         except sqlite3.Error as err:
             raise StoreError(f"{self.path}: cannot open results DB: {err}") from None
-        self.conn.row_factory = sqlite3.Row
-        self._check_schema(read_only)
+        try:
+            self._check_file()
+            if not read_only:
+                self.conn.execute("PRAGMA journal_mode=WAL")
+            self.conn.row_factory = sqlite3.Row
+            self._check_schema(read_only)
+        except BaseException:
+            self.conn.close()
+            raise
 
     @classmethod
     def open_if_exists(cls, path: str | Path) -> Store | None:
@@ -72,17 +96,33 @@ class Store:
             raise
         self.conn.execute("COMMIT")
 
+    def _check_file(self) -> None:
+        """Refuse a file that is not a sound SQLite DB before anything writes to it."""
+        try:
+            problems = [row[0] for row in self.conn.execute("PRAGMA quick_check")]
+        except sqlite3.DatabaseError as err:
+            problems = [str(err)]
+        if problems != ["ok"]:
+            raise StoreError(f"{self.path}: not a usable SQLite results DB ({problems[0]}); it was "
+                             "left untouched: move it aside or pass another --db")
+
     def _check_schema(self, read_only: bool) -> None:
+        """Bring the DB to SCHEMA_VERSION in one immediate transaction: the version is read again
+        under the write lock, so orchestrators opening a fresh DB at once migrate it exactly once."""
+        if self._version() == SCHEMA_VERSION or read_only:
+            return
+        with self._transaction() as conn:
+            version = self._version()
+            for migrate in MIGRATIONS[version:]:
+                migrate(conn)
+            conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+
+    def _version(self) -> int:
         version = self.conn.execute("PRAGMA user_version").fetchone()[0]
         if version > SCHEMA_VERSION:
             raise StoreError(f"{self.path}: schema version {version} is newer than this codesign "
                              f"understands ({SCHEMA_VERSION}); upgrade codesign")
-        if version == SCHEMA_VERSION or read_only:
-            return
-        with self._transaction() as conn:
-            for migrate in MIGRATIONS[version:]:
-                migrate(conn)
-            conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+        return version
 
     @property
     def schema_version(self) -> int:
@@ -90,15 +130,22 @@ class Store:
 
     # -- decisions -------------------------------------------------------------------------
 
-    def decide(self, key: str, retry_failed: bool) -> str:
-        """"run", "skip" (already attempted, or succeeded under retry_failed) or "running"."""
-        statuses = {row[0] for row in self.conn.execute(
-            "SELECT status FROM attempts WHERE job_key = ?", (key,))} if self._has_table() else set()
-        if RUNNING in statuses:
-            return "running"
-        if SUCCEEDED in statuses or (statuses and not retry_failed):
-            return "skip"
-        return "run"
+    def decide(self, key: str, retry_failed: bool) -> Decision:
+        """Run, skip (succeeded, or attempted and not retry_failed) or running elsewhere.
+
+        Interrupted attempts are not the job's fault: up to MAX_INTERRUPTED of them, and nothing
+        else finished, the job runs again without a flag; past that it counts as failed.
+        """
+        counts = collections.Counter(row[0] for row in self.conn.execute(
+            "SELECT status FROM attempts WHERE job_key = ?", (key,))) if self._has_table() else {}
+        if counts.get(RUNNING):
+            return Decision("running")
+        if counts.get(SUCCEEDED):
+            return Decision("skip")
+        interrupted = counts.get(INTERRUPTED, 0)
+        if sum(counts.values()) == interrupted and interrupted < MAX_INTERRUPTED:
+            return Decision("run", interrupted)
+        return Decision("run" if retry_failed else "skip")
 
     def _has_table(self) -> bool:
         return self.conn.execute(
@@ -126,7 +173,7 @@ class Store:
         """Atomically open a running attempt for the job, or None when it must not run now."""
         with self._transaction() as conn:
             self._reap(conn, key)
-            if self.decide(key, retry_failed) != "run":
+            if self.decide(key, retry_failed).action != "run":
                 return None
             row = {**_spec_columns(job), "job_key": key, "status": RUNNING,
                    "datetime": datetime.datetime.now().isoformat(timespec="seconds"),

@@ -49,6 +49,16 @@ V2_PRECISION_ENERGY = [  # older rows ran fp32
 ]
 
 
+# The earlier toolkit's table, as users query it (`select * from results where avg is not null`):
+# its columns, one row per finished attempt. A migration that rebuilds `attempts` drops this view
+# first (SQLite refuses to rename a table a view reads) and runs RESULTS_VIEW again after.
+RESULTS_VIEW = [
+    "DROP VIEW IF EXISTS results",
+    f"CREATE VIEW results AS SELECT {', '.join(LEGACY_COLUMNS)} FROM attempts "
+    f"WHERE status <> '{RUNNING}' ORDER BY id",
+]
+
+
 def rekey(conn: sqlite3.Connection) -> None:
     """Key version 2: every attempt's key recomputed from the job it recorded (all_configs), so
     a DB written before the canonical form changed keeps its skips."""
@@ -69,5 +79,6 @@ MIGRATIONS: list[Migration] = [
     _statements(V1_ATTEMPTS),
     _statements(V2_PRECISION_ENERGY),
     rekey,  # v3: job keys leave optional fields at their defaults out
+    _statements(RESULTS_VIEW),  # v4: the earlier toolkit's `results`, as a view
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
