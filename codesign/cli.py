@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import logging
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterator, TextIO
@@ -14,7 +16,7 @@ from codesign.errors import UserError
 from codesign.spec.config import DEFAULT_CONFIG, Config, load_config
 from codesign.spec.hosts import Hosts, local_gpu_count, ray_hosts
 from codesign.spec.jobs import PlannedJob, enumerate_jobs
-from codesign.store.database import Store
+from codesign.store.database import Decision, Store
 from codesign.zhen import search
 
 if TYPE_CHECKING:
@@ -58,8 +60,12 @@ def _positive_int(text: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # even when started in the background (run.sh)
     try:
         return _main(argv)
+    except KeyboardInterrupt:
+        print("codesign: interrupted", file=sys.stderr)
+        return 128 + signal.SIGINT
     except BrokenPipeError:  # stdout piped into `head` and closed: not an error of ours
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
@@ -129,12 +135,18 @@ def _max_concurrent(args: argparse.Namespace, config: Config, address: str | Non
 
 def run(planned: list[PlannedJob], args: argparse.Namespace, executor: Executor,
         max_concurrent: int | None) -> int:
-    from codesign.run.sweep import run_sweep
+    """The sweep; SIGINT or SIGTERM kills the running jobs, records them and exits 128 + signal."""
+    from codesign.run.sweep import Stopped, run_sweep, signals_stop_the_sweep
 
     store = Store(args.db)
     try:
-        summary = run_sweep(planned, store, executor, args.retry_failed, args.manual_job_timeout,
-                            max_concurrent)
+        with signals_stop_the_sweep():
+            summary = run_sweep(planned, store, executor, args.retry_failed, args.manual_job_timeout,
+                                max_concurrent)
+    except Stopped as stop:
+        print(f"codesign: stopped by {stop}; the running jobs were killed and recorded as interrupted",
+              file=sys.stderr)
+        return stop.exit_code
     finally:
         store.close()
     for line in summary.lines():
@@ -147,21 +159,18 @@ def print_dry_run(planned: list[PlannedJob], db: str, retry_failed: bool, out: T
     import pandas as pd
 
     store = Store.open_if_exists(db)
-    rows = []
+    rows, actions = [], collections.Counter()
     for i, item in enumerate(planned, 1):
-        if item.unavailable:
-            action = "unavailable"
-        else:
-            action = store.decide(item.key, retry_failed) if store else "run"
+        decision = (Decision("unavailable") if item.unavailable
+                    else store.decide(item.key, retry_failed) if store else Decision("run"))
+        actions[decision.action] += 1
         rows.append({"#": i, "model": item.job.model.summary(), "cluster": item.job.cluster.summary(),
                      "parallel": item.job.parallel.summary(), "micro_batches": item.job.num_micro_batches,
-                     "global_batch": item.job.global_batch, "key": item.key[:12], "action": action})
+                     "global_batch": item.job.global_batch, "key": item.key[:12], "action": str(decision)})
     if store:
         store.close()
-    frame = pd.DataFrame(rows)
-    out.write(frame.to_string(index=False) + "\n\n" if rows else "no jobs match\n")
-    counts = frame["action"].value_counts().to_dict() if rows else {}
-    out.write(f"{len(rows)} jobs: " + ", ".join(f"{counts.get(a, 0)} {a}" for a in
+    out.write(pd.DataFrame(rows).to_string(index=False) + "\n\n" if rows else "no jobs match\n")
+    out.write(f"{len(rows)} jobs: " + ", ".join(f"{actions[a]} {a}" for a in
                                                  ("run", "skip", "running", "unavailable")) + "\n")
     reasons = sorted({item.unavailable for item in planned if item.unavailable})
     for reason in reasons:

@@ -8,16 +8,9 @@ import psutil
 
 from codesign.run.local import LocalExecutor
 from codesign.run.sweep import run_sweep
-from codesign.spec.jobs import PlannedJob
-from codesign.spec.types import ClusterSpec, Job, ModelSpec, ParallelSpec, TrainingSpec
 from codesign.store.database import Store
 from tests.conftest import REPO
-
-
-def fault_job(behaviour: str) -> PlannedJob:
-    model = ModelSpec(4, 2, 1, 1, (("LINEAR",),))
-    parallel = ParallelSpec(behaviour, (1,), 1, False, (1, 1, 1))
-    return PlannedJob(Job(model, ClusterSpec(1, 1, "NVLink", "cpu"), TrainingSpec(2, 2), parallel, 1, "cpu"))
+from tests.fault_trials import fault_job
 
 
 def test_hang_crash_and_segfault_are_recorded_and_the_sweep_goes_on(tmp_path, monkeypatch):
@@ -45,7 +38,7 @@ def test_hang_crash_and_segfault_are_recorded_and_the_sweep_goes_on(tmp_path, mo
 
 
 def test_heartbeat_runs_while_the_job_runs(tmp_path, monkeypatch):
-    monkeypatch.setattr("codesign.orchestrator.HEARTBEAT_EVERY", 0.2)
+    monkeypatch.setattr("codesign.run.sweep.HEARTBEAT_EVERY", 0.2)
     monkeypatch.setenv("FAULT_PIDS", str(tmp_path / "pids"))
     monkeypatch.setenv("PYTHONPATH", str(REPO))
     store = Store(tmp_path / "r.db")

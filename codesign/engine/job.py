@@ -15,7 +15,6 @@ import platform as pyplatform
 import sys
 import time
 import traceback
-from dataclasses import asdict
 from typing import Any
 
 import jax
@@ -27,7 +26,7 @@ from codesign.engine.energy import open_energy_meter
 from codesign.engine.programs import DoesNotFit, ensure_fits
 from codesign.engine.step import build_single_stage
 from codesign.errors import PlanError
-from codesign.outcome import FAILED, INVALID, OOM, SUCCEEDED, Outcome
+from codesign.outcome import FAILED, INVALID, OOM, SUCCEEDED, Outcome, write_outcome
 from codesign.planner.plan import Plan, make_plan
 from codesign.spec.types import Job
 
@@ -144,9 +143,7 @@ def main(argv: list[str]) -> int:
     configure_jax(os.environ.get("CODESIGN_CACHE_DIR"))
     with open(job_path) as f:
         job = Job.from_dict(json.load(f))
-    outcome = run_job(job)
-    with open(outcome_path, "w") as f:
-        json.dump(asdict(outcome), f)
+    write_outcome(outcome_path, run_job(job))
     return 0
 
 

@@ -2,13 +2,14 @@
 
 The child gets its platform through the environment before JAX starts, writes its
 Outcome as JSON, and is killed with its whole process group when it overstays. A
-crash, a hang or a segfault becomes an Outcome; nothing a job does reaches the
-orchestrator. `JobProcess` is the piece the Ray executor reuses on every host.
+crash, a hang, a segfault or a missing outcome becomes an Outcome; nothing a job does
+reaches the orchestrator. A job never outlives the process that started it: its group is
+led by `guard`, which holds a lifeline to this process. `JobProcess` is the piece the Ray
+executor reuses on every host.
 """
 
 from __future__ import annotations
 
-import ctypes
 import json
 import logging
 import os
@@ -16,17 +17,17 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from codesign.outcome import FAILED, INTERRUPTED, TIMEOUT, Outcome
+from codesign.outcome import FAILED, INTERRUPTED, TIMEOUT, Outcome, read_outcome
 from codesign.spec.types import Job
 
 log = logging.getLogger(__name__)
 POLL_EVERY = 0.05  # seconds between looks at running children
 OUTPUT_TAIL = 4000  # characters of the child's output kept with a crash
-_PR_SET_PDEATHSIG = 1
 
 
 def job_env(job: Job, cache_dir: str | None, local_devices: int | None = None,
@@ -49,24 +50,26 @@ def job_env(job: Job, cache_dir: str | None, local_devices: int | None = None,
     return env
 
 
-def _die_with_parent() -> None:
-    """Runs in the child before exec: a SIGKILLed parent (a killed Ray actor) takes the job along."""
-    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-
-
 class JobProcess:
-    """One job body, `python -m MODULE JOB.json OUTCOME.json`, leading its own process group."""
+    """One job body, `python -m MODULE JOB.json OUTCOME.json`, under a guard leading its own
+    process group; the group dies when this process does (see `guard`)."""
 
-    def __init__(self, job: Job, env: dict[str, str], job_module: str, die_with_parent: bool = False):
+    def __init__(self, job: Job, env: dict[str, str], job_module: str):
         self._tmp = tempfile.TemporaryDirectory(prefix="codesign-job-")
         tmp = Path(self._tmp.name)
         self.outcome_file, self.log_file = tmp / "outcome.json", tmp / "log"
         (tmp / "job.json").write_text(json.dumps(job.to_dict()))
-        with open(self.log_file, "w") as output:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", job_module, str(tmp / "job.json"), str(self.outcome_file)],
-                env=env, stdout=output, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                start_new_session=True, preexec_fn=_die_with_parent if die_with_parent else None)
+        lifeline, self._lifeline = os.pipe()  # we hold the write end until the job is over
+        self._closing = threading.Lock()
+        try:
+            with open(self.log_file, "w") as output:
+                self.proc = subprocess.Popen(
+                    [sys.executable, "-m", "codesign.run.guard", str(os.getpid()), str(lifeline),
+                     job_module, str(tmp / "job.json"), str(self.outcome_file)],
+                    env=env, stdout=output, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                    start_new_session=True, pass_fds=(lifeline,))
+        finally:
+            os.close(lifeline)
         self.started = time.monotonic()
 
     @property
@@ -80,18 +83,26 @@ class JobProcess:
         except (ProcessLookupError, PermissionError):
             pass
         self.proc.wait()
+        with self._closing:  # the Ray actor may stop a job from a second thread
+            lifeline, self._lifeline = self._lifeline, None
+        if lifeline is not None:
+            os.close(lifeline)
 
     def result(self, code: int) -> Outcome:
         """The outcome the child wrote, or why there is none; removes the job's files."""
         self.kill()
         try:
-            if self.outcome_file.exists():
-                return Outcome(**json.loads(self.outcome_file.read_text()))
+            try:
+                return read_outcome(self.outcome_file)
+            except FileNotFoundError:
+                problem = "without a result"
+            except (OSError, ValueError) as err:
+                problem = f"with an unreadable outcome file ({err})"
             tail = self.log_file.read_text(errors="replace")[-OUTPUT_TAIL:]
         finally:
             self._tmp.cleanup()
         status = INTERRUPTED if code == -signal.SIGINT else FAILED
-        return Outcome(status, error=f"job process exited with {_exit_text(code)} without a result;"
+        return Outcome(status, error=f"job process exited with {_exit_text(code)} {problem};"
                                      f" its last output:\n{tail}")
 
     def close(self) -> None:
