@@ -12,6 +12,8 @@ import subprocess
 import sys
 import time
 
+import psutil
+
 from codesign.outcome import Outcome, write_outcome
 
 
@@ -30,9 +32,12 @@ def main(job_path: str, outcome_path: str) -> None:
         note(f"{os.getpid()} {child.pid}")
         time.sleep(600)
     elif behaviour == "kill-actor":
-        # Ray only: SIGKILL the actor that started this job body; the job body must die with it
-        note(f"{os.getpid()} {os.getppid()}")
-        os.kill(os.getppid(), signal.SIGKILL)
+        # Ray only: SIGKILL the actor that started this job body (its guard's parent); the job
+        # body and its grandchild must die with it
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+        actor = psutil.Process(os.getppid()).ppid()
+        note(f"{os.getpid()} {actor} {child.pid}")
+        os.kill(actor, signal.SIGKILL)
         time.sleep(600)
     elif behaviour.startswith("work"):
         # "work SECONDS": a grandchild in the job's group, then SECONDS of "training", then success
