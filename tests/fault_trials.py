@@ -87,6 +87,7 @@ class TrialResult:
     reruns: int
     integrity: str
     running_left: int  # attempts still `running` after the last rerun
+    interrupted: int  # attempts the kill interrupted (0: it came before or between jobs)
 
     @property
     def ok(self) -> bool:
@@ -158,7 +159,8 @@ def _count(db: Path, keys: set[str], killed_at: float, orphans: int, reruns: int
     succeeded = collections.Counter(key for key, status in rows if status == "succeeded")
     return TrialResult(killed_at, len(keys), sum(1 for k in keys if not succeeded[k]),
                        sum(n - 1 for n in succeeded.values() if n > 1), orphans, reruns, integrity,
-                       sum(1 for _, status in rows if status == "running"))
+                       sum(1 for _, status in rows if status == "running"),
+                       sum(1 for _, status in rows if status == "interrupted"))
 
 
 def fault_job(behaviour: str) -> PlannedJob:

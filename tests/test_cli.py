@@ -155,3 +155,32 @@ def test_jobs_this_machine_cannot_provide_are_counted_not_recorded(tmp_path, fix
     assert "codesign: not attempted, 6 job(s): needs 1 GPUs; this machine has 0" in proc.stderr
     assert "codesign: not attempted, 27 job(s): needs 2 GPU hosts; this machine is one host" in proc.stderr
     assert rows(tmp_path / "r.db") == []
+
+
+def fake_nvidia_smi(tmp_path, listing: str) -> dict:
+    """PATH with an nvidia-smi that lists `listing`, ahead of the real PATH."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    script = bin_dir / "nvidia-smi"
+    script.write_text(f"#!/bin/sh\nprintf '{listing}'\n")
+    script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    return {"PATH": f"{bin_dir}:{os.environ['PATH']}"}
+
+
+def test_gpus_jax_cannot_see_are_reported_with_the_fix(tmp_path):
+    (tmp_path / "c.toml").write_text(SMALL_CONFIG.replace('platform = "cpu"', 'platform = "gpu"'))
+    listing = "GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-1)\\nGPU 1: NVIDIA H100 80GB HBM3 (UUID: GPU-2)\\n"
+    proc = run_cli("-D", "-c", "c.toml", cwd=tmp_path, env=fake_nvidia_smi(tmp_path, listing))
+    assert proc.returncode == 0, proc.stderr
+    assert "this machine has NVIDIA GPUs (nvidia-smi lists 2) but JAX sees none (" in proc.stderr
+    assert "To use the GPUs: pip install -e '.[gpu]' (the CUDA build of JAX)" in proc.stderr
+    assert "unavailable: needs 2 GPUs; this machine has 0" in proc.stdout
+
+
+def test_no_warning_where_nvidia_smi_lists_no_gpu(tmp_path):
+    if os.path.exists("/dev/nvidia0"):
+        pytest.skip("this machine has NVIDIA devices")
+    (tmp_path / "c.toml").write_text(SMALL_CONFIG.replace('platform = "cpu"', 'platform = "auto"'))
+    proc = run_cli("-D", "-c", "c.toml", cwd=tmp_path, env=fake_nvidia_smi(tmp_path, "No devices were found\\n"))
+    assert proc.returncode == 0 and "NVIDIA" not in proc.stderr
+    assert "2 jobs: 2 run" in proc.stdout  # auto: virtual CPU devices

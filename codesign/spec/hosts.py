@@ -6,6 +6,7 @@ The hosts are this machine, or the alive nodes of a Ray cluster when jobs run th
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import shutil
 import subprocess
@@ -14,19 +15,55 @@ from dataclasses import dataclass
 
 from codesign.spec.types import ClusterSpec
 
+log = logging.getLogger(__name__)
 _PROBE = "import jax; print(len(jax.devices('gpu')))"
+GPU_FIX = "pip install -e '.[gpu]' (the CUDA build of JAX)"
 
 
 @functools.cache
 def local_gpu_count() -> int:
-    """GPUs that JAX can use here, probed in a child so the orchestrator never holds them."""
-    if shutil.which("nvidia-smi") is None and not os.path.exists("/dev/nvidia0"):
+    """GPUs that JAX can use here, probed in a child so the orchestrator never holds them.
+
+    NVIDIA GPUs that JAX cannot see (a CPU-only jaxlib, a driver mismatch) count as none, and
+    the warning says why and how to fix it, rather than GPU jobs quietly running elsewhere.
+    """
+    present = nvidia_gpus_present()
+    if not present:
         return 0
+    count, why = _probe_jax_gpus()
+    if not count:
+        log.warning("this machine has NVIDIA GPUs (%s) but JAX sees none (%s): GPU clusters are "
+                    "unavailable and platform = \"auto\" runs on CPU. To use the GPUs: %s",
+                    present, why, GPU_FIX)
+    return count
+
+
+def nvidia_gpus_present() -> str:
+    """How we know this machine has NVIDIA GPUs ("" when it has none)."""
+    if shutil.which("nvidia-smi"):
+        try:
+            out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30).stdout
+        except (OSError, subprocess.TimeoutExpired):
+            out = ""
+        listed = sum(line.startswith("GPU ") for line in out.splitlines())
+        if listed:
+            return f"nvidia-smi lists {listed}"
+    return "/dev/nvidia0 exists" if os.path.exists("/dev/nvidia0") else ""
+
+
+def _probe_jax_gpus() -> tuple[int, str]:
+    """(GPUs JAX sees, why it sees none)."""
     try:
         out = subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, text=True, timeout=120)
-        return int(out.stdout.strip()) if out.returncode == 0 else 0
-    except (subprocess.TimeoutExpired, ValueError):
-        return 0
+    except subprocess.TimeoutExpired:
+        return 0, "its probe timed out after 120 s"
+    if out.returncode != 0:
+        lines = out.stderr.strip().splitlines()
+        return 0, lines[-1] if lines else f"its probe exited with {out.returncode}"
+    try:
+        return int(out.stdout.strip()), "it lists no GPU device"
+    except ValueError:
+        return 0, f"its probe printed {out.stdout.strip()[:200]!r}"
 
 
 @dataclass(frozen=True)
