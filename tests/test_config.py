@@ -3,7 +3,6 @@ import pytest
 from codesign.errors import ConfigError
 from codesign.spec.config import DEFAULT_CONFIG, RaySettings, load_config
 from codesign.spec.types import AUTO_SEARCH
-from tests.conftest import FIXTURES
 from tests.conftest import SMALL_CONFIG as BASE
 
 
@@ -22,7 +21,7 @@ def test_user_fixtures_load_unchanged(fixture_config):
     placed = [p for p in config.parallels if p.host_ids]
     assert placed[0].device_ids[1] == ((1, 3), (1, 3))
     assert config.parallels[2].sharding_options == {"force_batch_dim_to_mesh_dim": 0}
-    uniform = load_config(FIXTURES / "uniform_model.toml")
+    uniform = load_config(fixture_config.with_name("uniform_model.toml"))
     assert len(uniform.models) == 37
     assert uniform.models[1].tokens == (("DOT",) * 4, ("DOT",) * 6, ("DOT",) * 2)
     assert uniform.models[0].tokens == (("ATTENTION", "LINEAR", "ATTENTION", "DOT"),) * 4
