@@ -146,7 +146,7 @@ def kill_trial(workdir: Path, real: bool, kill_after: float) -> TrialResult:
         if rerun.wait(timeout=600) == 0:
             break
     keys = {p.key for p in enumerate_jobs(load_config(config), Hosts.local(0))}
-    return _count(db, keys, kill_after, len(left) + len(survivors(marker, 0.0)), reruns)
+    return _count(db, keys, kill_after, len(left) + len(survivors(marker)), reruns)
 
 
 def _count(db: Path, keys: set[str], killed_at: float, orphans: int, reruns: int) -> TrialResult:

@@ -54,7 +54,7 @@ def test_orchestrator_killed_at_random_moments_loses_nothing_and_orphans_nothing
     rng = random.Random(10)
     for trial in range(4):
         result = kill_trial(tmp_path / f"t{trial}", real=False, kill_after=rng.uniform(0.3, 3.0))
-        assert result.ok, result
+        assert result.ok, (result, (tmp_path / f"t{trial}" / "log").read_text()[-3000:])
         assert result.jobs == 3
 
 

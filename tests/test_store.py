@@ -67,6 +67,22 @@ def test_running_attempt_of_a_dead_process_becomes_interrupted(tmp_path):
     assert store.attempts()[0]["status"] == "interrupted"
 
 
+def test_an_attempt_whose_pid_was_reused_by_a_later_process_becomes_interrupted(tmp_path):
+    store = Store(tmp_path / "r.db")
+    attempt = store.claim("k", JOB, retry_failed=False)
+    store.conn.execute("UPDATE attempts SET started_at = started_at - 10 WHERE id = ?", (attempt,))
+    later = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        store.conn.execute("UPDATE attempts SET pid = ? WHERE id = ?", (later.pid, attempt))
+        assert Store(tmp_path / "r.db").reap_stale() == 1
+    finally:
+        later.kill()
+        later.wait()
+    assert store.attempts()[0]["status"] == "interrupted"
+    live = store.claim("k2", JOB, retry_failed=False)  # this process, which claimed it: alive
+    assert Store(tmp_path / "r.db").reap_stale() == 0 and store.attempts()[1]["id"] == live
+
+
 def test_silent_attempt_of_another_host_becomes_interrupted(tmp_path):
     store = Store(tmp_path / "r.db")
     live = store.claim("a", JOB, retry_failed=False)

@@ -28,6 +28,7 @@ from codesign.spec.types import Job
 log = logging.getLogger(__name__)
 POLL_EVERY = 0.05  # seconds between looks at running children
 OUTPUT_TAIL = 4000  # characters of the child's output kept with a crash
+GROUP_EXIT_WAIT = 5.0  # seconds a killed job's process group gets to vanish
 
 
 def job_env(job: Job, cache_dir: str | None, local_devices: int | None = None,
@@ -77,12 +78,16 @@ class JobProcess:
         return self.proc.pid
 
     def kill(self) -> None:
-        """SIGKILL the whole group: leftovers of a job must not hold devices."""
+        """SIGKILL the whole group and wait (a bounded time) until it is gone: leftovers of a
+        job must not hold devices when the next job starts."""
         try:
             os.killpg(self.proc.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
         self.proc.wait()
+        until = time.monotonic() + GROUP_EXIT_WAIT
+        while time.monotonic() < until and _group_exists(self.proc.pid):
+            time.sleep(POLL_EVERY)
         with self._closing:  # the Ray actor may stop a job from a second thread
             lifeline, self._lifeline = self._lifeline, None
         if lifeline is not None:
@@ -157,6 +162,14 @@ class LocalExecutor:
 
     def cancel(self, run: LocalRun) -> None:
         run.process.close()
+
+
+def _group_exists(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
 
 
 def _exit_text(code: int) -> str:

@@ -40,6 +40,7 @@ from codesign.store.schema import MIGRATIONS, SCHEMA_VERSION
 
 BUSY_TIMEOUT = 60.0  # seconds a write waits for another process's lock before it fails
 MAX_INTERRUPTED = 3  # interrupted attempts a job is retried for without --retry-failed
+CLOCK_SLACK = 1.0  # seconds between a process's start time and the DB clock still counted as "before"
 STALE_AFTER = 120.0  # seconds without a heartbeat before another host's attempt counts as dead
 NOW = "((julianday('now') - 2440587.5) * 86400.0)"  # the DB clock, in unix seconds
 
@@ -160,10 +161,10 @@ class Store:
 
     def _reap(self, conn: sqlite3.Connection, key: str | None) -> int:
         rows = conn.execute(
-            f"SELECT id, host, pid, {NOW} - heartbeat AS silent FROM attempts WHERE status = ?"
+            f"SELECT id, host, pid, started_at, {NOW} - heartbeat AS silent FROM attempts WHERE status = ?"
             + (" AND job_key = ?" if key else ""), (RUNNING, key) if key else (RUNNING,)).fetchall()
         dead = [r["id"] for r in rows
-                if r["silent"] > STALE_AFTER or (r["host"] == self.host and not _alive(r["pid"]))]
+                if r["silent"] > STALE_AFTER or (r["host"] == self.host and not _alive(r["pid"], r["started_at"]))]
         for attempt_id in dead:
             conn.execute(f"UPDATE attempts SET status = ?, finished_at = {NOW}, error = ? WHERE id = ?",
                          (INTERRUPTED, "orchestrator stopped while the job ran", attempt_id))
@@ -222,8 +223,17 @@ class Store:
         return [r[1] for r in self.conn.execute("PRAGMA table_info(attempts)")]
 
 
-def _alive(pid: int | None) -> bool:
-    return pid is not None and psutil.pid_exists(pid)
+def _alive(pid: int | None, claimed_at: float | None) -> bool:
+    """The process that claimed an attempt still runs: its pid exists, is no zombie, and was not
+    reused by a process started after the claim (pids cycle within seconds on a busy machine)."""
+    if pid is None:
+        return False
+    try:
+        process = psutil.Process(pid)
+        return (process.status() != psutil.STATUS_ZOMBIE
+                and process.create_time() <= (claimed_at or float("inf")) + CLOCK_SLACK)
+    except psutil.NoSuchProcess:
+        return False
 
 
 def _cell(value: Any) -> Any:
