@@ -88,6 +88,7 @@ class TrialResult:
     integrity: str
     running_left: int  # attempts still `running` after the last rerun
     interrupted: int  # attempts the kill interrupted (0: it came before or between jobs)
+    orphan_details: tuple[str, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -137,7 +138,8 @@ def kill_trial(workdir: Path, real: bool, kill_after: float) -> TrialResult:
     time.sleep(kill_after)
     proc.kill()
     proc.wait()
-    for orphan in (left := survivors(marker)):  # counted, then cleaned up so trials stay independent
+    left = [describe(p) for p in survivors(marker)]
+    for orphan in survivors(marker, 0.0):  # counted, then cleaned up so trials stay independent
         orphan.kill()
     reruns = 0
     while reruns < MAX_RERUNS:
@@ -146,10 +148,19 @@ def kill_trial(workdir: Path, real: bool, kill_after: float) -> TrialResult:
         if rerun.wait(timeout=600) == 0:
             break
     keys = {p.key for p in enumerate_jobs(load_config(config), Hosts.local(0))}
-    return _count(db, keys, kill_after, len(left) + len(survivors(marker)), reruns)
+    left += [describe(p) for p in survivors(marker)]
+    return _count(db, keys, kill_after, left, reruns)
 
 
-def _count(db: Path, keys: set[str], killed_at: float, orphans: int, reruns: int) -> TrialResult:
+def describe(proc: psutil.Process) -> str:
+    try:
+        return f"pid {proc.pid} {proc.status()} ppid {proc.ppid()} pgid {os.getpgid(proc.pid)}: " \
+               f"{' '.join(proc.cmdline())[:200]}"
+    except (psutil.Error, OSError) as err:
+        return f"pid {proc.pid}: {err}"
+
+
+def _count(db: Path, keys: set[str], killed_at: float, orphans: list[str], reruns: int) -> TrialResult:
     conn = sqlite3.connect(db)
     try:
         rows = conn.execute("SELECT job_key, status FROM attempts").fetchall()
@@ -158,9 +169,9 @@ def _count(db: Path, keys: set[str], killed_at: float, orphans: int, reruns: int
         conn.close()
     succeeded = collections.Counter(key for key, status in rows if status == "succeeded")
     return TrialResult(killed_at, len(keys), sum(1 for k in keys if not succeeded[k]),
-                       sum(n - 1 for n in succeeded.values() if n > 1), orphans, reruns, integrity,
+                       sum(n - 1 for n in succeeded.values() if n > 1), len(orphans), reruns, integrity,
                        sum(1 for _, status in rows if status == "running"),
-                       sum(1 for _, status in rows if status == "interrupted"))
+                       sum(1 for _, status in rows if status == "interrupted"), tuple(orphans))
 
 
 def fault_job(behaviour: str) -> PlannedJob:

@@ -2,6 +2,7 @@
 stopped job, a locked DB, a damaged DB file, two orchestrators at once, SIGTERM and SIGINT.
 bench/bench_faults.py runs the kill trials many more times and prints the figures."""
 
+import json
 import os
 import random
 import signal
@@ -200,3 +201,35 @@ def test_processes_of_finds_only_the_marked(tmp_path):
     finally:
         marked.kill(), other.kill(), marked.wait(), other.wait()
     assert survivors("mine", 1.0) == []
+
+
+def start_guard(tmp_path, behaviour: str, marker: str) -> tuple[subprocess.Popen, int]:
+    """A guard running a fault job as JobProcess starts it; returns it and the lifeline's write end."""
+    (tmp_path / "job.json").write_text(json.dumps(fault_job(behaviour).job.to_dict()))
+    read, write = os.pipe()
+    guard = subprocess.Popen([sys.executable, "-m", "codesign.run.guard", str(os.getpid()), str(read),
+                              "tests.fault_jobs", str(tmp_path / "job.json"), str(tmp_path / "outcome.json")],
+                             pass_fds=(read,), env=trial_env(marker), start_new_session=True)
+    os.close(read)
+    return guard, write
+
+
+def test_the_guard_leaves_nothing_behind_when_the_job_ends_by_itself(tmp_path):
+    marker = f"guard-done-{os.getpid()}"
+    guard, lifeline = start_guard(tmp_path, "work 0.1", marker)  # leaves a sleeping grandchild
+    try:
+        assert guard.wait(timeout=60) == 0
+        assert processes_of(marker) == []  # at once: the guard killed and reaped it before exiting
+    finally:
+        os.close(lifeline)
+    assert read_outcome(tmp_path / "outcome.json").status == "succeeded"
+
+
+def test_the_guard_kills_its_group_when_the_lifeline_closes(tmp_path, fault_env):
+    marker = f"guard-cut-{os.getpid()}"
+    guard, lifeline = start_guard(tmp_path, "hang", marker)
+    wait_for_job(fault_env)
+    assert len(processes_of(marker)) == 3  # guard, job body, grandchild
+    os.close(lifeline)  # what the kernel does when the orchestrator dies
+    assert guard.wait(timeout=30) == -signal.SIGKILL
+    assert survivors(marker) == []
