@@ -22,6 +22,8 @@ import time
 from pathlib import Path
 from typing import Mapping, Sequence
 
+import psutil
+
 from codesign.outcome import FAILED, INTERRUPTED, TIMEOUT, Outcome, read_outcome
 from codesign.spec.types import Job
 
@@ -86,7 +88,7 @@ class JobProcess:
             pass
         self.proc.wait()
         until = time.monotonic() + GROUP_EXIT_WAIT
-        while time.monotonic() < until and _group_exists(self.proc.pid):
+        while time.monotonic() < until and _group_running(self.proc.pid):
             time.sleep(POLL_EVERY)
         with self._closing:  # the Ray actor may stop a job from a second thread
             lifeline, self._lifeline = self._lifeline, None
@@ -164,12 +166,19 @@ class LocalExecutor:
         run.process.close()
 
 
-def _group_exists(pgid: int) -> bool:
+def _group_running(pgid: int) -> bool:
+    """Some process of the group is alive; zombies hold no devices (and PID 1 may reap late)."""
     try:
         os.killpg(pgid, 0)
     except (ProcessLookupError, PermissionError):
         return False
-    return True
+    for proc in psutil.process_iter():
+        try:
+            if os.getpgid(proc.pid) == pgid and proc.status() != psutil.STATUS_ZOMBIE:
+                return True
+        except (psutil.Error, ProcessLookupError):
+            continue
+    return False
 
 
 def _exit_text(code: int) -> str:
