@@ -7,6 +7,7 @@ import collections
 import contextlib
 import logging
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator, TextIO
@@ -16,7 +17,7 @@ from codesign.planner.profiles import ProfileBook
 from codesign.spec.config import DEFAULT_CONFIG, Config, load_config
 from codesign.spec.hosts import Hosts, local_gpu_count, ray_hosts
 from codesign.spec.jobs import PlannedJob, enumerate_jobs
-from codesign.store.database import Store
+from codesign.store.database import Decision, Store
 from codesign.zhen import search
 
 if TYPE_CHECKING:
@@ -62,6 +63,7 @@ def _positive_int(text: str) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # even when started in the background (run.sh)
     try:
         if argv and argv[0] in SUBCOMMANDS:
             return SUBCOMMANDS[argv[0]](argv[1:])
@@ -69,6 +71,9 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as err:
         print(f"codesign: error: {err}", file=sys.stderr)
         return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("codesign: interrupted", file=sys.stderr)
+        return 128 + signal.SIGINT
     except BrokenPipeError:  # stdout piped into `head` and closed: not an error of ours
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
@@ -156,18 +161,24 @@ def _max_concurrent(args: argparse.Namespace, config: Config, address: str | Non
 
 def run(planned: list[PlannedJob], args: argparse.Namespace, executor: Executor,
         max_concurrent: int | None, config: Config) -> int:
+    """The sweep; SIGINT or SIGTERM kills the running jobs, records them and exits 128 + signal."""
     from codesign.planner.cost import predict
     from codesign.report.tables import sweep_summary
     from codesign.run.profiling import ensure_profiles
-    from codesign.run.sweep import run_sweep
+    from codesign.run.sweep import Stopped, run_sweep, signals_stop_the_sweep
 
     store = Store(args.db)
     try:
         book = ensure_profiles(store, planned)
-        summary = run_sweep(planned, store, executor, args.retry_failed, args.manual_job_timeout,
-                            max_concurrent, lambda job: predict(job, book, config.links))
+        with signals_stop_the_sweep():
+            summary = run_sweep(planned, store, executor, args.retry_failed, args.manual_job_timeout,
+                                max_concurrent, lambda job: predict(job, book, config.links))
         keys = {item.key for item in planned}
         table = sweep_summary([row for row in store.attempts() if row["job_key"] in keys])
+    except Stopped as stop:
+        print(f"codesign: stopped by {stop}; the running jobs were killed and recorded as interrupted",
+              file=sys.stderr)
+        return stop.exit_code
     finally:
         store.close()
     for line in summary.lines():
@@ -183,20 +194,18 @@ def print_dry_run(planned: list[PlannedJob], db: str, retry_failed: bool, out: T
     """A table of every enumerated job and what a real run would do with it; writes nothing."""
     store = Store.open_if_exists(db)
     columns = ("#", "model", "cluster", "parallel", "micro_batches", "global_batch", "key", "action")
-    rows = []
+    rows, actions = [], collections.Counter()
     for i, item in enumerate(planned, 1):
-        if item.unavailable:
-            action = "unavailable"
-        else:
-            action = store.decide(item.key, retry_failed) if store else "run"
+        decision = (Decision("unavailable") if item.unavailable
+                    else store.decide(item.key, retry_failed) if store else Decision("run"))
+        actions[decision.action] += 1
         job = item.job
         rows.append((str(i), job.model.summary(), job.cluster.summary(), job.parallel.summary(),
-                     str(job.num_micro_batches), str(job.global_batch), item.key[:12], action))
+                     str(job.num_micro_batches), str(job.global_batch), item.key[:12], str(decision)))
     if store:
         store.close()
     out.write(fixed_width(columns, rows) + "\n\n" if rows else "no jobs match\n")
-    counts = collections.Counter(row[-1] for row in rows)
-    out.write(f"{len(rows)} jobs: " + ", ".join(f"{counts.get(a, 0)} {a}" for a in
+    out.write(f"{len(rows)} jobs: " + ", ".join(f"{actions[a]} {a}" for a in
                                                  ("run", "skip", "running", "unavailable")) + "\n")
     for reason in sorted({item.unavailable for item in planned if item.unavailable}):
         out.write(f"unavailable: {reason}\n")

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 RUNNING = "running"
@@ -30,3 +33,26 @@ class Outcome:
     plan: dict[str, Any] = field(default_factory=dict)  # concrete devices, stages, shardings
     chosen_plan: dict[str, Any] = field(default_factory=dict)  # Plan.to_dict() of a plan the toolkit chose
     duration: float | None = None
+
+
+def write_outcome(path: str | Path, outcome: Outcome) -> None:
+    """Write the whole outcome or nothing: a temp file beside it, then an atomic rename, so a
+    job killed mid-write leaves no half file for the orchestrator to trust."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(asdict(outcome)))
+    os.replace(tmp, path)
+
+
+def read_outcome(path: str | Path) -> Outcome:
+    """The outcome a job body wrote; ValueError when the file holds none."""
+    text = Path(path).read_text()
+    if not text.strip():
+        raise ValueError("the file is empty")
+    data = json.loads(text)
+    if not isinstance(data, dict) or data.get("status") not in FINAL_STATUSES:
+        raise ValueError(f"no final status in {text[:200]!r}")
+    try:
+        return Outcome(**data)
+    except TypeError as err:
+        raise ValueError(str(err)) from None

@@ -55,8 +55,13 @@ def run_on_devices(n: int, script: str, timeout: float = 600, xla_flags: str = "
 
 
 @pytest.fixture
-def fixture_config() -> Path:
-    path = FIXTURES / "config.toml"
-    if not path.exists():
-        pytest.skip("shared fixtures are not beside this checkout")
-    return path
+def fixtures_dir() -> Path:
+    """The users' configs of the earlier toolkit (../shared/fixtures/user-configs), or a skip."""
+    if not (FIXTURES / "config.toml").exists():
+        pytest.skip(f"the shared fixtures are not beside this checkout ({FIXTURES} is absent)")
+    return FIXTURES
+
+
+@pytest.fixture
+def fixture_config(fixtures_dir: Path) -> Path:
+    return fixtures_dir / "config.toml"

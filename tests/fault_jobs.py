@@ -1,6 +1,7 @@
 """A job body that misbehaves on purpose, chosen by the job's parallel description.
 
-Run by the executor as `python -m tests.fault_jobs JOB.json OUTCOME.json`.
+Run by the executor as `python -m tests.fault_jobs JOB.json OUTCOME.json`; `tests.fault_cli`
+is the codesign command line with this job body.
 """
 
 import ctypes
@@ -11,6 +12,16 @@ import subprocess
 import sys
 import time
 
+import psutil
+
+from codesign.outcome import Outcome, write_outcome
+
+
+def note(line: str) -> None:
+    """Append a line to $FAULT_PIDS, where a test reads pids and times."""
+    with open(os.environ["FAULT_PIDS"], "a") as f:
+        f.write(line + "\n")
+
 
 def main(job_path: str, outcome_path: str) -> None:
     with open(job_path) as f:
@@ -18,28 +29,37 @@ def main(job_path: str, outcome_path: str) -> None:
     if behaviour == "hang":
         # a grandchild in the same process group must die with the job
         child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
-        with open(os.environ["FAULT_PIDS"], "a") as f:
-            f.write(f"{os.getpid()} {child.pid}\n")
+        note(f"{os.getpid()} {child.pid}")
         time.sleep(600)
     elif behaviour == "kill-actor":
-        # Ray only: SIGKILL the actor that started this job body; the job body must die with it
-        with open(os.environ["FAULT_PIDS"], "a") as f:
-            f.write(f"{os.getpid()} {os.getppid()}\n")
-        os.kill(os.getppid(), signal.SIGKILL)
+        # Ray only: SIGKILL the actor that started this job body (its guard's parent); the job
+        # body and its grandchild must die with it
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+        actor = psutil.Process(os.getppid()).ppid()
+        note(f"{os.getpid()} {actor} {child.pid}")
+        os.kill(actor, signal.SIGKILL)
         time.sleep(600)
+    elif behaviour.startswith("work"):
+        # "work SECONDS": a grandchild in the job's group, then SECONDS of "training", then success
+        subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+        time.sleep(float(behaviour.split()[1]))
     elif behaviour.startswith("sleep"):
         # record when it ran, so a test can see jobs overlap
         start = time.time()
         time.sleep(1.5)
-        with open(os.environ["FAULT_PIDS"], "a") as f:
-            f.write(f"{start} {time.time()}\n")
+        note(f"{start} {time.time()}")
     elif behaviour == "crash":
         print("about to crash", flush=True)
         raise RuntimeError("the job body crashed")
     elif behaviour == "segfault":
         ctypes.string_at(0)
-    with open(outcome_path, "w") as f:
-        json.dump({"status": "succeeded", "metrics": {"avg": 0.5}}, f)
+    elif behaviour == "no-outcome":
+        return
+    elif behaviour in ("empty-outcome", "corrupt-outcome"):
+        with open(outcome_path, "w") as f:
+            f.write("" if behaviour == "empty-outcome" else '{"status": "succ')
+        return
+    write_outcome(outcome_path, Outcome("succeeded", metrics={"avg": 0.5}))
 
 
 if __name__ == "__main__":

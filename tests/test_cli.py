@@ -1,15 +1,22 @@
-"""The command line as users run it: dry run, a real sweep of the default config, reruns, exports."""
+"""The command line as users run it: dry run, the default command, reruns, exports, run.sh."""
 
 import os
+import shutil
 import sqlite3
 import stat
 import subprocess
+import sys
 import time
 
 import pandas as pd
 import pytest
 
+from codesign.outcome import Outcome
 from codesign.report import fmt
+from codesign.spec.config import DEFAULT_CONFIG, load_config
+from codesign.spec.hosts import Hosts
+from codesign.spec.jobs import enumerate_jobs
+from codesign.store.database import Store
 from codesign.store.schema import LEGACY_COLUMNS
 from tests.conftest import REPO, SMALL_CONFIG, run_cli
 
@@ -47,34 +54,45 @@ def test_config_errors_exit_2_and_change_nothing(tmp_path, text, message):
     assert proc.stdout == "" and not (tmp_path / "r.db").exists()
 
 
+RUN_HERE = (0, 9)  # of the default config's 14 jobs: one device, and 4 devices with 2 micro-batches
+
+
 @pytest.fixture(scope="module")
 def default_sweep(tmp_path_factory):
-    """README command 1: the built-in default config, run once for the tests below."""
+    """README command 1 (`./run.sh`: the built-in default config) in a folder whose results.db
+    already records the default jobs but two as failed, so that the command runs those two."""
     cwd = tmp_path_factory.mktemp("sweep")
+    planned = list(enumerate_jobs(load_config(DEFAULT_CONFIG), Hosts.local(0)))
+    store = Store(cwd / "results.db")
+    for i, item in enumerate(planned):
+        if i not in RUN_HERE:
+            store.finish(store.claim(item.key, item.job, retry_failed=False),
+                         Outcome("failed", error="recorded by the test, not run"))
+    store.close()
     start = time.monotonic()
-    proc = run_cli(cwd=cwd)
+    proc = subprocess.run([str(REPO / "run.sh")], cwd=cwd, capture_output=True, text=True, timeout=600)
     return cwd, proc, time.monotonic() - start
 
 
-def test_default_config_fills_the_db_with_succeeded_rows(default_sweep):
+def test_default_command_runs_the_default_config(default_sweep):
     cwd, proc, seconds = default_sweep
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout == ""
+    assert "attempted: 2 succeeded; skipped (already recorded or running elsewhere): 12" in proc.stderr
     attempts = rows(cwd / "results.db")
     assert len(attempts) == 14
-    assert {r["status"] for r in attempts} == {"succeeded"}, [r["error"] for r in attempts]
-    for r in attempts:
+    ran = [r for r in attempts if r["status"] == "succeeded"]
+    assert [(r["gpus_per_node"], r["num_micro_batches"]) for r in ran] == [(1, 1), (4, 2)]
+    for r in ran:
         assert 0 < r["median"] <= r["p90"] and r["avg"] > 0 and r["throughput"] > 0
         assert r["max_memory"] > 0 and r["compile_time"] > 0 and r["platform"] == "cpu"
         assert r["job_duration"] >= r["compile_time"]
-    print(f"default sweep: {seconds:.1f} s")
+    print(f"default command, 2 jobs: {seconds:.1f} s")
 
 
 def test_rerun_attempts_nothing(default_sweep):
     cwd, _, _ = default_sweep
-    start = time.monotonic()
     proc = run_cli(cwd=cwd)
-    print(f"rerun: {time.monotonic() - start:.1f} s")
     assert proc.returncode == 0
     assert "attempted: none; skipped (already recorded or running elsewhere): 14" in proc.stderr
     assert len(rows(cwd / "results.db")) == 14
@@ -82,17 +100,31 @@ def test_rerun_attempts_nothing(default_sweep):
     assert "14 jobs: 0 run, 14 skip" in dry.stdout
 
 
-def test_exports_open_in_pandas_with_the_original_columns(default_sweep):
+def path_without_sqlite3(tmp_path) -> str:
+    """A PATH holding only what the export scripts run (bash, dirname, python3): no sqlite3."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    for name, target in (("bash", shutil.which("bash")), ("dirname", shutil.which("dirname")),
+                         ("python3", sys.executable)):
+        (bin_dir / name).symlink_to(target)
+    assert shutil.which("sqlite3", path=str(bin_dir)) is None
+    return str(bin_dir)
+
+
+def test_exports_open_in_pandas_with_the_original_columns(default_sweep, tmp_path):
     cwd, _, _ = default_sweep
+    env = {**os.environ, "PATH": path_without_sqlite3(tmp_path)}
+    expected = {"results_all.csv": 14, "results_succeeded.csv": 2}
     for script, csv in (("export_all.sh", "results_all.csv"), ("export_succeeded.sh", "results_succeeded.csv")):
-        proc = subprocess.run([str(REPO / script)], cwd=cwd, capture_output=True, text=True,
-                                            env={**os.environ, "PATH": "/usr/bin:/bin"})
+        proc = subprocess.run([str(REPO / script)], cwd=cwd, capture_output=True, text=True, env=env)
         assert proc.returncode == 0, proc.stderr
         frame = pd.read_csv(cwd / csv)
         assert list(frame.columns[:3]) == ["id", "job_key", "status"]
         assert set(LEGACY_COLUMNS) <= set(frame.columns)
-        assert len(frame) == 14 and (frame["status"] == "succeeded").all()
-        assert frame["avg"].gt(0).all()
+        assert len(frame) == expected[csv]
+        assert frame["status"].value_counts().to_dict() == (
+            {"succeeded": 2, "failed": 12} if csv == "results_all.csv" else {"succeeded": 2})
+        assert frame.loc[frame["status"] == "succeeded", "avg"].gt(0).all()
 
 
 def assert_summary(stderr: str, cells: list[str]) -> None:
@@ -176,3 +208,32 @@ def test_jobs_this_machine_cannot_provide_are_counted_not_recorded(tmp_path, fix
     assert "codesign: not attempted, 6 job(s): needs 1 GPUs; this machine has 0" in proc.stderr
     assert "codesign: not attempted, 27 job(s): needs 2 GPU hosts; this machine is one host" in proc.stderr
     assert rows(tmp_path / "r.db") == []
+
+
+def fake_nvidia_smi(tmp_path, listing: str) -> dict:
+    """PATH with an nvidia-smi that lists `listing`, ahead of the real PATH."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    script = bin_dir / "nvidia-smi"
+    script.write_text(f"#!/bin/sh\nprintf '{listing}'\n")
+    script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    return {"PATH": f"{bin_dir}:{os.environ['PATH']}"}
+
+
+def test_gpus_jax_cannot_see_are_reported_with_the_fix(tmp_path):
+    (tmp_path / "c.toml").write_text(SMALL_CONFIG.replace('platform = "cpu"', 'platform = "gpu"'))
+    listing = "GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-1)\\nGPU 1: NVIDIA H100 80GB HBM3 (UUID: GPU-2)\\n"
+    proc = run_cli("-D", "-c", "c.toml", cwd=tmp_path, env=fake_nvidia_smi(tmp_path, listing))
+    assert proc.returncode == 0, proc.stderr
+    assert "this machine has NVIDIA GPUs (nvidia-smi lists 2) but JAX sees none (" in proc.stderr
+    assert "To use the GPUs: pip install -e '.[gpu]' (the CUDA build of JAX)" in proc.stderr
+    assert "unavailable: needs 2 GPUs; this machine has 0" in proc.stdout
+
+
+def test_no_warning_where_nvidia_smi_lists_no_gpu(tmp_path):
+    if os.path.exists("/dev/nvidia0"):
+        pytest.skip("this machine has NVIDIA devices")
+    (tmp_path / "c.toml").write_text(SMALL_CONFIG.replace('platform = "cpu"', 'platform = "auto"'))
+    proc = run_cli("-D", "-c", "c.toml", cwd=tmp_path, env=fake_nvidia_smi(tmp_path, "No devices were found\\n"))
+    assert proc.returncode == 0 and "NVIDIA" not in proc.stderr
+    assert "2 jobs: 2 run" in proc.stdout  # auto: virtual CPU devices

@@ -3,7 +3,6 @@ import pytest
 from codesign.errors import ConfigError
 from codesign.spec.config import DEFAULT_CONFIG, RaySettings, load_config
 from codesign.spec.types import AUTO_SEARCH
-from tests.conftest import FIXTURES
 from tests.conftest import SMALL_CONFIG as BASE
 
 
@@ -22,7 +21,7 @@ def test_user_fixtures_load_unchanged(fixture_config):
     placed = [p for p in config.parallels if p.host_ids]
     assert placed[0].device_ids[1] == ((1, 3), (1, 3))
     assert config.parallels[2].sharding_options == {"force_batch_dim_to_mesh_dim": 0}
-    uniform = load_config(FIXTURES / "uniform_model.toml")
+    uniform = load_config(fixture_config.with_name("uniform_model.toml"))
     assert len(uniform.models) == 37
     assert uniform.models[1].tokens == (("DOT",) * 4, ("DOT",) * 6, ("DOT",) * 2)
     assert uniform.models[0].tokens == (("ATTENTION", "LINEAR", "ATTENTION", "DOT"),) * 4
@@ -67,6 +66,23 @@ def test_config_errors_name_file_table_and_field(tmp_path, old, new, table, fiel
         load_config(path)
     assert (err.value.table, err.value.field) == (table, field)
     assert str(path) in str(err.value) and table in str(err.value)
+
+
+@pytest.mark.parametrize("spelt, canonical", [("gpipe", "GPipe"), ("GPIPE", "GPipe"), ("1f1b", "1F1B"),
+                                              ("GPipe", "GPipe")])
+def test_alpa_schedule_spellings_load_as_the_canonical_name(tmp_path, spelt, canonical):
+    text = BASE.replace('"(pp, dp, op)" = [1, 2, 1]', f'"(pp, dp, op)" = [2, 1, 1]\npipeline_schedule = "{spelt}"')
+    same = BASE.replace('"(pp, dp, op)" = [1, 2, 1]', f'"(pp, dp, op)" = [2, 1, 1]\npipeline_schedule = "{canonical}"')
+    assert load_config(write(tmp_path, text)) == load_config(write(tmp_path, same))
+    assert load_config(write(tmp_path, text)).parallels[0].pipeline_schedule == canonical
+
+
+def test_an_unknown_schedule_keeps_the_clear_error(tmp_path):
+    text = BASE.replace('"(pp, dp, op)" = [1, 2, 1]', '"(pp, dp, op)" = [2, 1, 1]\npipeline_schedule = "zigzag"')
+    with pytest.raises(ConfigError) as err:
+        load_config(write(tmp_path, text))
+    assert (err.value.table, err.value.field) == ("[[parallel_spec]] #1", "pipeline_schedule")
+    assert "expected one of ['1F1B', 'GPipe'], got 'zigzag'" in str(err.value)
 
 
 def test_placement_must_match_stages(tmp_path):

@@ -8,16 +8,9 @@ import psutil
 
 from codesign.run.local import LocalExecutor
 from codesign.run.sweep import run_sweep
-from codesign.spec.jobs import PlannedJob
-from codesign.spec.types import ClusterSpec, Job, ModelSpec, ParallelSpec, TrainingSpec
 from codesign.store.database import Store
 from tests.conftest import REPO
-
-
-def fault_job(behaviour: str) -> PlannedJob:
-    model = ModelSpec(4, 2, 1, 1, (("LINEAR",),))
-    parallel = ParallelSpec(behaviour, (1,), 1, False, (1, 1, 1))
-    return PlannedJob(Job(model, ClusterSpec(1, 1, "NVLink", "cpu"), TrainingSpec(2, 2), parallel, 1, "cpu"))
+from tests.fault_trials import fault_job
 
 
 def test_hang_crash_and_segfault_are_recorded_and_the_sweep_goes_on(tmp_path, monkeypatch):

@@ -3,7 +3,6 @@ import dataclasses
 from codesign.spec.config import load_config
 from codesign.spec.hosts import Hosts
 from codesign.spec.jobs import enumerate_jobs, job_key, job_timeout
-from tests.conftest import FIXTURES
 
 
 def test_fixture_config_enumerates_46_jobs_in_nesting_order(fixture_config):
@@ -27,8 +26,8 @@ def test_unavailable_clusters_say_why(fixture_config):
     assert {p.job.platform for p in planned if not p.unavailable} == {"gpu"}
 
 
-def test_manual_plans_match_only_their_device_count():
-    config = load_config(FIXTURES / "uniform_model.toml")
+def test_manual_plans_match_only_their_device_count(fixtures_dir):
+    config = load_config(fixtures_dir / "uniform_model.toml")
     planned = list(enumerate_jobs(config, Hosts.local(0)))
     assert all(p.job.parallel.pp_dp_op[1] == p.job.cluster.num_devices for p in planned)
     assert len(planned) == 2 * len(config.models)

@@ -23,7 +23,7 @@ from codesign.spec.jobs import PlannedJob  # noqa: E402
 from codesign.spec.types import ClusterSpec, Job, ModelSpec, ParallelSpec, TrainingSpec  # noqa: E402
 from codesign.store.database import Store  # noqa: E402
 from tests.conftest import REPO, SMALL_CONFIG, run_cli  # noqa: E402
-from tests.test_executor import fault_job  # noqa: E402
+from tests.fault_trials import fault_job  # noqa: E402
 
 NODE = {"num_cpus": 2, "node_ip_address": "127.0.0.1", "object_store_memory": 80 * 2**20}
 LOSS_TOL = 1e-5
@@ -113,7 +113,7 @@ def test_timeout_and_killed_actor_are_recorded_and_the_next_jobs_run(cluster, tm
     assert 6 <= rows["hang"]["job_duration"] < 30
     assert "the actor of host 0 died" in rows["kill-actor"]["error"]
     hang, killed = (list(map(int, line.split())) for line in pids.read_text().splitlines())
-    for pid in (*hang, killed[0]):  # job bodies, the hang's grandchild, the killed actor's job body
+    for pid in (*hang, killed[0], killed[2]):  # job bodies and grandchildren, the killed actor's too
         assert gone(pid), pid
     assert resources_freed()
 

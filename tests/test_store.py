@@ -1,8 +1,9 @@
 import multiprocessing
+import shutil
 import sqlite3
 import subprocess
 import sys
-from pathlib import Path
+import time
 
 import pytest
 
@@ -15,8 +16,10 @@ from codesign.spec.types import ClusterSpec, Job, ModelSpec, ParallelSpec, Train
 from codesign.store import schema
 from codesign.store.database import STALE_AFTER, Store
 from codesign.store.schema import LEGACY_COLUMNS, SCHEMA_VERSION
+from tests.conftest import REPO
 
-DATA = Path(__file__).parent / "data"
+DATA = REPO / "tests" / "data"
+
 JOB = Job(ModelSpec(4, 2, 1, 1, (("LINEAR",),)), ClusterSpec(1, 1, "NVLink", "cpu"), TrainingSpec(2, 2),
           ParallelSpec("dp", (1,), 1, False, (1, 1, 1)), 1, "cpu")
 
@@ -62,6 +65,22 @@ def test_running_attempt_of_a_dead_process_becomes_interrupted(tmp_path):
     store.conn.execute("UPDATE attempts SET pid = ? WHERE id = ?", (int(dead), attempt))
     assert Store(tmp_path / "r.db").reap_stale() == 1
     assert store.attempts()[0]["status"] == "interrupted"
+
+
+def test_an_attempt_whose_pid_was_reused_by_a_later_process_becomes_interrupted(tmp_path):
+    store = Store(tmp_path / "r.db")
+    attempt = store.claim("k", JOB, retry_failed=False)
+    store.conn.execute("UPDATE attempts SET started_at = started_at - 10 WHERE id = ?", (attempt,))
+    later = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        store.conn.execute("UPDATE attempts SET pid = ? WHERE id = ?", (later.pid, attempt))
+        assert Store(tmp_path / "r.db").reap_stale() == 1
+    finally:
+        later.kill()
+        later.wait()
+    assert store.attempts()[0]["status"] == "interrupted"
+    live = store.claim("k2", JOB, retry_failed=False)  # this process, which claimed it: alive
+    assert Store(tmp_path / "r.db").reap_stale() == 0 and store.attempts()[1]["id"] == live
 
 
 def test_silent_attempt_of_another_host_becomes_interrupted(tmp_path):
@@ -118,7 +137,7 @@ def test_auto_search_rows_of_0_1_0_are_not_attempts(tmp_path):
     conn.executescript((DATA / "results_v0.1.0.sql").read_text())
     conn.close()
     store = Store(tmp_path / "r.db")
-    decisions = {(p.job.parallel.description, p.job.num_micro_batches): store.decide(p.key, retry_failed=False)
+    decisions = {(p.job.parallel.description, p.job.num_micro_batches): store.decide(p.key, False).action
                  for p in enumerate_jobs(load_config(DATA / "results_v0.1.0.toml"), Hosts.local(0))}
     assert decisions == {("data parallel", 1): "skip", ("data parallel", 3): "skip", ("pipeline", 2): "skip",
                          ("Auto search", 1): "run"}
@@ -126,5 +145,109 @@ def test_auto_search_rows_of_0_1_0_are_not_attempts(tmp_path):
                if p.job.parallel.is_auto]
     attempt = store.claim(auto.key, auto.job, retry_failed=False)
     assert attempt and store.finish(attempt, Outcome("oom", error="no plan fits"))
-    assert store.decide(auto.key, retry_failed=False) == "skip"  # a new attempt counts
+    assert store.decide(auto.key, retry_failed=False).action == "skip"  # a new attempt counts
     assert len(store.attempts(["invalid"])) == 2  # the old rows stay, for the record
+def _attempts_with(store: Store, key: str, statuses: list[str]) -> None:
+    for status in statuses:
+        store.finish(store.claim(key, JOB, retry_failed=True), Outcome(status))
+
+
+@pytest.mark.parametrize("history, plain, retrying", [
+    ([], "run", "run"),
+    (["interrupted"], "retry: interrupted 1 of 3", "retry: interrupted 1 of 3"),
+    (["interrupted", "interrupted"], "retry: interrupted 2 of 3", "retry: interrupted 2 of 3"),
+    (["interrupted"] * 3, "skip", "run"),  # three interruptions: treated like a failure
+    (["failed", "interrupted"], "skip", "run"),
+    (["interrupted", "succeeded"], "skip", "skip"),
+])
+def test_interrupted_attempts_are_retried_without_a_flag_up_to_three(tmp_path, history, plain, retrying):
+    store = Store(tmp_path / "r.db")
+    _attempts_with(store, "k", history)
+    assert str(store.decide("k", retry_failed=False)) == plain
+    assert str(store.decide("k", retry_failed=True)) == retrying
+    claimed = store.claim("k", JOB, retry_failed=False)
+    assert (claimed is not None) == (plain != "skip")
+
+
+def test_results_view_answers_the_earlier_toolkits_queries(tmp_path):
+    store = Store(tmp_path / "r.db")
+    _attempts_with(store, "a", ["failed"])
+    store.finish(store.claim("b", JOB, retry_failed=False), Outcome("succeeded", metrics={"avg": 1.5}))
+    store.claim("c", JOB, retry_failed=False)  # still running: not a result yet
+    store.close()
+    conn = sqlite3.connect(tmp_path / "r.db")
+    cursor = conn.execute("select * from results where avg is not null")
+    assert [d[0] for d in cursor.description] == list(LEGACY_COLUMNS)
+    (row,) = cursor.fetchall()
+    assert row[LEGACY_COLUMNS.index("avg")] == 1.5 and row[LEGACY_COLUMNS.index("input_batch_size")] == 2
+    assert conn.execute("select count(*), count(error) from results").fetchone() == (2, 0)
+    conn.close()
+    if shutil.which("sqlite3"):  # the program users type the query into, where installed
+        out = subprocess.run(["sqlite3", "-header", str(tmp_path / "r.db"),
+                              "select * from results where avg is not null"],
+                             capture_output=True, text=True, check=True).stdout.splitlines()
+        assert out[0] == "|".join(LEGACY_COLUMNS) and len(out) == 2 and "|1.5|" in out[1]
+
+
+def test_results_view_can_be_recreated_after_attempts_is_rebuilt(tmp_path):
+    store = Store(tmp_path / "r.db")
+    store.finish(store.claim("b", JOB, retry_failed=False), Outcome("succeeded", metrics={"avg": 1.5}))
+    with store._transaction() as conn:  # what a later migration rebuilding `attempts` does
+        conn.execute("DROP VIEW results")
+        conn.execute("CREATE TABLE attempts_new AS SELECT * FROM attempts")
+        conn.execute("DROP TABLE attempts")
+        conn.execute("ALTER TABLE attempts_new RENAME TO attempts")
+        for statement in schema.RESULTS_VIEW:
+            conn.execute(statement)
+    assert [tuple(r) for r in store.conn.execute("select avg from results")] == [(1.5,)]
+
+
+def test_a_db_of_the_previous_release_migrates_keeps_its_skips_and_answers_results(tmp_path):
+    conn = sqlite3.connect(tmp_path / "r.db")
+    conn.executescript((DATA / "results_v0.1.0.sql").read_text())
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == 2
+    conn.close()
+    store = Store(tmp_path / "r.db")
+    assert store.schema_version == SCHEMA_VERSION
+    config = load_config(DATA / "results_v0.1.0.toml")
+    planned = list(enumerate_jobs(config, Hosts.local(0)))
+    assert [str(store.decide(p.key, retry_failed=False)) for p in planned] == ["skip"] * 4
+    assert store.conn.execute("select count(*) from results where avg is not null").fetchone()[0] == 2
+    assert store.conn.execute("select count(*) from results").fetchone()[0] == 4
+
+
+def test_a_file_that_is_not_a_sound_db_is_refused_and_left_untouched(tmp_path):
+    good = tmp_path / "good.db"
+    store = Store(good)
+    for i in range(300):  # several pages
+        store.finish(store.claim(f"k{i}", JOB, retry_failed=False), Outcome("failed", error="x" * 200))
+    store.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    store.close()
+    whole = good.read_bytes()
+    cases = {"text.db": b"name,avg\na,1\n" * 100, "truncated.db": whole[:len(whole) // 2],
+             "header.db": whole[:100]}
+    for name, content in cases.items():
+        path = tmp_path / name
+        path.write_bytes(content)
+        with pytest.raises(StoreError, match="not a usable SQLite results DB") as err:
+            Store(path)
+        assert str(path) in str(err.value) and "left untouched" in str(err.value)
+        assert path.read_bytes() == content, name
+
+
+def test_two_processes_opening_a_fresh_db_at_once_both_work(tmp_path):
+    script = ("import sys, time; from codesign.store.database import Store\n"
+              "start = float(sys.argv[2])\n"
+              "time.sleep(max(0.0, start - time.time()))\n"
+              "store = Store(sys.argv[1]); print(store.schema_version)\n")
+    for round in range(3):
+        path, start = tmp_path / f"r{round}.db", time.time() + 1.5
+        procs = [subprocess.Popen([sys.executable, "-c", script, str(path), str(start)], cwd=REPO,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(3)]
+        outputs = [p.communicate(timeout=60) for p in procs]
+        assert [p.returncode for p in procs] == [0, 0, 0], [err for _, err in outputs]
+        assert [out.strip() for out, _ in outputs] == [str(SCHEMA_VERSION)] * 3
+        conn = sqlite3.connect(path)
+        assert conn.execute("select count(*) from sqlite_master where name in ('attempts', 'results')"
+                            ).fetchone()[0] == 2
+        conn.close()

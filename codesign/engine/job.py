@@ -16,7 +16,6 @@ import platform as pyplatform
 import sys
 import time
 import traceback
-from dataclasses import asdict
 from typing import Any
 
 import jax
@@ -28,7 +27,7 @@ from codesign.engine.energy import open_energy_meter
 from codesign.engine.programs import DoesNotFit, ensure_fits
 from codesign.engine.step import build_single_stage
 from codesign.errors import PlanError
-from codesign.outcome import FAILED, INVALID, OOM, SUCCEEDED, Outcome
+from codesign.outcome import FAILED, INVALID, OOM, SUCCEEDED, Outcome, write_outcome
 from codesign.planner.plan import Plan, check_plan, make_plan
 from codesign.spec.types import Job
 
@@ -159,9 +158,7 @@ def main(argv: list[str]) -> int:
     with open(job_path) as f:
         data = json.load(f)
     chosen = data.get("chosen_plan")
-    outcome = run_job(Job.from_dict(data), Plan.from_dict(chosen) if chosen else None)
-    with open(outcome_path, "w") as f:
-        json.dump(asdict(outcome), f)
+    write_outcome(outcome_path, run_job(Job.from_dict(data), Plan.from_dict(chosen) if chosen else None))
     return 0
 
 

@@ -2,13 +2,14 @@
 
 The child gets its platform through the environment before JAX starts, writes its
 Outcome as JSON, and is killed with its whole process group when it overstays. A
-crash, a hang or a segfault becomes an Outcome; nothing a job does reaches the
-orchestrator. `JobProcess` is the piece the Ray executor reuses on every host.
+crash, a hang, a segfault or a missing outcome becomes an Outcome; nothing a job does
+reaches the orchestrator. A job never outlives the process that started it: its group is
+led by `guard`, which holds a lifeline to this process. `JobProcess` is the piece the Ray
+executor reuses on every host.
 """
 
 from __future__ import annotations
 
-import ctypes
 import json
 import logging
 import os
@@ -16,18 +17,21 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from codesign.outcome import FAILED, INTERRUPTED, TIMEOUT, Outcome
+import psutil
+
+from codesign.outcome import FAILED, INTERRUPTED, TIMEOUT, Outcome, read_outcome
 from codesign.planner.plan import Plan
 from codesign.spec.types import Job
 
 log = logging.getLogger(__name__)
 POLL_EVERY = 0.05  # seconds between looks at running children
 OUTPUT_TAIL = 4000  # characters of the child's output kept with a crash
-_PR_SET_PDEATHSIG = 1
+GROUP_EXIT_WAIT = 5.0  # seconds a killed job's process group gets to vanish
 
 
 def job_env(job: Job, cache_dir: str | None, local_devices: int | None = None,
@@ -50,27 +54,28 @@ def job_env(job: Job, cache_dir: str | None, local_devices: int | None = None,
     return env
 
 
-def _die_with_parent() -> None:
-    """Runs in the child before exec: a SIGKILLed parent (a killed Ray actor) takes the job along."""
-    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-
-
 class JobProcess:
-    """One job body, `python -m MODULE JOB.json OUTCOME.json`, leading its own process group.
-    JOB.json holds the job and, under "chosen_plan", the plan the toolkit chose for it, if any."""
+    """One job body, `python -m MODULE JOB.json OUTCOME.json`, under a guard leading its own
+    process group; the group dies when this process does (see `guard`). JOB.json holds the job
+    and, under "chosen_plan", the plan the toolkit chose for it, if any."""
 
-    def __init__(self, job: Job, env: dict[str, str], job_module: str, die_with_parent: bool = False,
-                 plan: Plan | None = None):
+    def __init__(self, job: Job, env: dict[str, str], job_module: str, plan: Plan | None = None):
         self._tmp = tempfile.TemporaryDirectory(prefix="codesign-job-")
         tmp = Path(self._tmp.name)
         self.outcome_file, self.log_file = tmp / "outcome.json", tmp / "log"
         chosen = {"chosen_plan": plan.to_dict()} if plan else {}
         (tmp / "job.json").write_text(json.dumps({**job.to_dict(), **chosen}))
-        with open(self.log_file, "w") as output:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", job_module, str(tmp / "job.json"), str(self.outcome_file)],
-                env=env, stdout=output, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                start_new_session=True, preexec_fn=_die_with_parent if die_with_parent else None)
+        lifeline, self._lifeline = os.pipe()  # we hold the write end until the job is over
+        self._closing = threading.Lock()
+        try:
+            with open(self.log_file, "w") as output:
+                self.proc = subprocess.Popen(
+                    [sys.executable, "-m", "codesign.run.guard", str(os.getpid()), str(lifeline),
+                     job_module, str(tmp / "job.json"), str(self.outcome_file)],
+                    env=env, stdout=output, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                    start_new_session=True, pass_fds=(lifeline,))
+        finally:
+            os.close(lifeline)
         self.started = time.monotonic()
 
     @property
@@ -78,24 +83,36 @@ class JobProcess:
         return self.proc.pid
 
     def kill(self) -> None:
-        """SIGKILL the whole group: leftovers of a job must not hold devices."""
+        """SIGKILL the whole group and wait (a bounded time) until it is gone: leftovers of a
+        job must not hold devices when the next job starts."""
         try:
             os.killpg(self.proc.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
         self.proc.wait()
+        until = time.monotonic() + GROUP_EXIT_WAIT
+        while time.monotonic() < until and _group_running(self.proc.pid):
+            time.sleep(POLL_EVERY)
+        with self._closing:  # the Ray actor may stop a job from a second thread
+            lifeline, self._lifeline = self._lifeline, None
+        if lifeline is not None:
+            os.close(lifeline)
 
     def result(self, code: int) -> Outcome:
         """The outcome the child wrote, or why there is none; removes the job's files."""
         self.kill()
         try:
-            if self.outcome_file.exists():
-                return Outcome(**json.loads(self.outcome_file.read_text()))
+            try:
+                return read_outcome(self.outcome_file)
+            except FileNotFoundError:
+                problem = "without a result"
+            except (OSError, ValueError) as err:
+                problem = f"with an unreadable outcome file ({err})"
             tail = self.log_file.read_text(errors="replace")[-OUTPUT_TAIL:]
         finally:
             self._tmp.cleanup()
         status = INTERRUPTED if code == -signal.SIGINT else FAILED
-        return Outcome(status, error=f"job process exited with {_exit_text(code)} without a result;"
+        return Outcome(status, error=f"job process exited with {_exit_text(code)} {problem};"
                                      f" its last output:\n{tail}")
 
     def close(self) -> None:
@@ -152,6 +169,21 @@ class LocalExecutor:
 
     def cancel(self, run: LocalRun) -> None:
         run.process.close()
+
+
+def _group_running(pgid: int) -> bool:
+    """Some process of the group is alive; zombies hold no devices (and PID 1 may reap late)."""
+    try:
+        os.killpg(pgid, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    for proc in psutil.process_iter():
+        try:
+            if os.getpgid(proc.pid) == pgid and proc.status() != psutil.STATUS_ZOMBIE:
+                return True
+        except (psutil.Error, ProcessLookupError):
+            continue
+    return False
 
 
 def _exit_text(code: int) -> str:

@@ -3,7 +3,8 @@
 A job asks for a placement group with one bundle per host (STRICT_SPREAD when it spans
 hosts: one process per node, as on real multi-host clusters). Each bundle gets an actor
 that starts the same job-body subprocess the LocalExecutor runs, so JAX's platform is set
-before it imports and a kill takes the whole process group down; for a multi-host job the
+before it imports, a kill takes the whole process group down, and a dead actor takes its job
+along; for a multi-host job the
 processes meet through `jax.distributed` with the coordinator on host 0. The orchestrator
 drives everything from here and alone writes the DB; the actors only run and report.
 """
@@ -84,7 +85,7 @@ class HostShare:
             "CODESIGN_COORDINATOR": coordinator, "CODESIGN_NUM_PROCESSES": str(num_processes),
             "CODESIGN_PROCESS_ID": str(process_id)}
         env = job_env(job, self.cache_dir, job.cluster.num_devices_per_host, extra)
-        self.process = JobProcess(job, env, self.job_module, die_with_parent=True, plan=plan)
+        self.process = JobProcess(job, env, self.job_module, plan=plan)
         return self.process.result(self.process.proc.wait())
 
     def stop(self) -> None:

@@ -1,18 +1,20 @@
 """The sweep loop: start what the executor has room for, handle what ended, repeat.
 
 Every outcome, from `invalid` to a crashed process or a lost Ray node, goes through the
-same path (store.finish); only this process writes the DB. A user's interrupt stops the
-loop after the running jobs are killed and recorded.
+same path (store.finish); only this process writes the DB. SIGINT or SIGTERM stops the
+loop after the running jobs are killed and recorded `interrupted` (a rerun retries them).
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
 import math
+import signal
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Callable, Iterator, Protocol, Sequence
 
 from tqdm import tqdm
 
@@ -26,6 +28,31 @@ from codesign.store.database import Store
 log = logging.getLogger(__name__)
 HEARTBEAT_EVERY = 5.0
 Predictor = Callable[[Job], dict[str, Any]]  # job -> predicted_time, predicted_memory, prediction
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class Stopped(KeyboardInterrupt):
+    """SIGINT or SIGTERM reached the orchestrator; the command exits 128 + the signal."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.exit_code = 128 + signum
+
+
+@contextlib.contextmanager
+def signals_stop_the_sweep() -> Iterator[None]:
+    """Turn SIGINT and SIGTERM into Stopped; a second signal is ignored so the cleanup finishes."""
+    def stop(signum: int, _frame: object) -> None:
+        for s in STOP_SIGNALS:
+            signal.signal(s, signal.SIG_IGN)
+        raise Stopped(signum)
+
+    previous = {s: signal.signal(s, stop) for s in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
 
 
 class Executor(Protocol):
@@ -149,8 +176,11 @@ class Sweep:
                  f" ({outcome.error.strip().splitlines()[-1]})" if outcome.error else "")
 
     def stop(self, err: BaseException) -> None:
-        """Kill what runs and record it as interrupted (a rerun with --retry-failed retries it)."""
-        why = "stopped by the user" if isinstance(err, KeyboardInterrupt) else f"the sweep stopped: {err!r}"
+        """Kill what runs and record it as interrupted (a plain rerun retries it)."""
+        if isinstance(err, Stopped):
+            why = f"the orchestrator got {err}"
+        else:
+            why = "stopped by the user" if isinstance(err, KeyboardInterrupt) else f"the sweep stopped: {err!r}"
         for attempt in list(self.running):
             self.executor.cancel(attempt.handle)
             self.store.finish(attempt.attempt_id, Outcome(INTERRUPTED, error=why))

@@ -100,10 +100,14 @@ class _Table:
             self.fail(field, f"expected true or false, got {value!r}")
         return value
 
-    def choice(self, field: str, choices: tuple[str, ...], default: str | None = None) -> str:
+    def choice(self, field: str, choices: tuple[str, ...], default: str | None = None,
+               any_case: bool = False) -> str:
+        """One of choices; with any_case, spelt in any case (Alpa's "gpipe") and returned as listed."""
         value = self.data.get(field, default)
         if value is None:
             self.fail(field, "is required")
+        if any_case and isinstance(value, str):
+            value = next((c for c in choices if c.lower() == value.lower()), value)
         if value not in choices:
             self.fail(field, f"expected one of {list(choices)}, got {value!r}")
         return value
@@ -265,7 +269,7 @@ def parse_parallel(t: _Table) -> ParallelSpec:
                         pp_dp_op=pp_dp_op, physical_mesh_shape=mesh_shape,
                         auto_sharding_option=_sharding_options(t),
                         host_ids=host_ids, device_ids=device_ids,
-                        pipeline_schedule=t.choice("pipeline_schedule", SCHEDULES, "1F1B"),
+                        pipeline_schedule=t.choice("pipeline_schedule", SCHEDULES, "1F1B", any_case=True),
                         auto_trials=t.int("auto_trials", default=1))
 
 

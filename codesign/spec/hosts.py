@@ -6,6 +6,7 @@ The hosts are this machine, or the alive nodes of a Ray cluster when jobs run th
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import shutil
 import subprocess
@@ -14,21 +15,28 @@ from dataclasses import dataclass
 
 from codesign.spec.types import ClusterSpec
 
-_PROBE = "import jax; d = jax.devices('gpu'); print(len(d)); print(d[0].device_kind)"
+log = logging.getLogger(__name__)
+_PROBE = "import jax; d = jax.devices('gpu'); print(len(d)); print(d[0].device_kind if d else '')"
+GPU_FIX = "pip install -e '.[gpu]' (the CUDA build of JAX)"
 
 
 @functools.cache
 def _probe_gpus() -> tuple[int, str]:
     """(count, device kind) of the GPUs JAX can use here, probed in a child so the orchestrator
-    never holds them."""
-    if shutil.which("nvidia-smi") is None and not os.path.exists("/dev/nvidia0"):
+    never holds them.
+
+    NVIDIA GPUs that JAX cannot see (a CPU-only jaxlib, a driver mismatch) count as none, and
+    the warning says why and how to fix it, rather than GPU jobs quietly running elsewhere.
+    """
+    present = nvidia_gpus_present()
+    if not present:
         return 0, ""
-    try:
-        out = subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, text=True, timeout=120)
-        count, kind = out.stdout.strip().splitlines()
-        return (int(count), kind) if out.returncode == 0 else (0, "")
-    except (subprocess.TimeoutExpired, ValueError):
-        return 0, ""
+    count, kind, why = _probe_jax_gpus()
+    if not count:
+        log.warning("this machine has NVIDIA GPUs (%s) but JAX sees none (%s): GPU clusters are "
+                    "unavailable and platform = \"auto\" runs on CPU. To use the GPUs: %s",
+                    present, why, GPU_FIX)
+    return count, kind
 
 
 def local_gpu_count() -> int:
@@ -38,6 +46,35 @@ def local_gpu_count() -> int:
 def local_gpu_kind() -> str:
     """JAX's name for this machine's GPUs (e.g. "NVIDIA H100 80GB HBM3"); "gpu" when there are none."""
     return _probe_gpus()[1] or "gpu"
+
+
+def nvidia_gpus_present() -> str:
+    """How we know this machine has NVIDIA GPUs ("" when it has none)."""
+    if shutil.which("nvidia-smi"):
+        try:
+            out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30).stdout
+        except (OSError, subprocess.TimeoutExpired):
+            out = ""
+        listed = sum(line.startswith("GPU ") for line in out.splitlines())
+        if listed:
+            return f"nvidia-smi lists {listed}"
+    return "/dev/nvidia0 exists" if os.path.exists("/dev/nvidia0") else ""
+
+
+def _probe_jax_gpus() -> tuple[int, str, str]:
+    """(GPUs JAX sees, their device kind, why it sees none)."""
+    try:
+        out = subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, text=True, timeout=120)
+    except subprocess.TimeoutExpired:
+        return 0, "", "its probe timed out after 120 s"
+    if out.returncode != 0:
+        lines = out.stderr.strip().splitlines()
+        return 0, "", lines[-1] if lines else f"its probe exited with {out.returncode}"
+    lines = out.stdout.strip().splitlines()
+    try:
+        return int(lines[0]), lines[1] if len(lines) > 1 else "", "it lists no GPU device"
+    except (ValueError, IndexError):
+        return 0, "", f"its probe printed {out.stdout.strip()[:200]!r}"
 
 
 @dataclass(frozen=True)

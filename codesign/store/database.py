@@ -4,12 +4,15 @@ One row per attempt. The store enforces the attempt state machine: an attempt is
 claimed as `running` atomically (two orchestrators never run one job at once), and
 only a running attempt can be closed. A running attempt whose orchestrator is gone
 (dead pid on this host, or a heartbeat older than STALE_AFTER by the DB's clock)
-becomes `interrupted`. The schema version lives in PRAGMA user_version, and older
-DBs are brought forward by the ordered migrations of `schema`.
+becomes `interrupted`, which is not the job's fault: the job runs again without a flag,
+up to MAX_INTERRUPTED times. The schema version lives in PRAGMA user_version, and older
+DBs are brought forward by the ordered migrations of `schema`, in one transaction. A file
+that is not a sound SQLite DB is refused before anything is written to it.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import datetime
 import json
@@ -17,6 +20,7 @@ import os
 import socket
 import sqlite3
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
@@ -37,11 +41,28 @@ from codesign.planner.plan import Plan
 from codesign.spec.types import Job
 from codesign.store.schema import MIGRATIONS, SCHEMA_VERSION
 
+BUSY_TIMEOUT = 60.0  # seconds a write waits for another process's lock before it fails
+MAX_INTERRUPTED = 3  # interrupted attempts a job is retried for without --retry-failed
+CLOCK_SLACK = 1.0  # seconds between a process's start time and the DB clock still counted as "before"
 STALE_AFTER = 120.0  # seconds without a heartbeat before another host's attempt counts as dead
 NOW = "((julianday('now') - 2440587.5) * 86400.0)"  # the DB clock, in unix seconds
 # Errors earlier versions recorded that said nothing about the job itself: such attempts don't
 # count, so a plain rerun runs their jobs (codesign 0.1.0 recorded every Auto search job so).
 RETIRED_ERRORS = ("Auto search is not supported yet",)
+
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What a run would do with a job: "run", "skip" or "running" (elsewhere, now)."""
+
+    action: str
+    interrupted: int = 0  # interrupted attempts this run retries
+
+    def __str__(self) -> str:
+        if self.action == "run" and self.interrupted:
+            return f"retry: interrupted {self.interrupted} of {MAX_INTERRUPTED}"
+        return self.action
 
 
 class Store:
@@ -50,19 +71,19 @@ class Store:
         self.host = socket.gethostname()
         self.pid = os.getpid()
         try:
-            if read_only:
-                self.conn = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, isolation_level=None)
-            else:
-                self.conn = sqlite3.connect(self.path, isolation_level=None, timeout=30)
-                self.conn.execute("PRAGMA journal_mode=WAL")
+            self.conn = sqlite3.connect(f"file:{self.path}?mode=ro" if read_only else self.path,
+                                        uri=read_only, isolation_level=None, timeout=BUSY_TIMEOUT)
         except sqlite3.Error as err:
             raise StoreError(f"{self.path}: cannot open results DB: {err}") from None
-        self.conn.row_factory = sqlite3.Row
         try:
+            self._check_file()
+            if not read_only:
+                self.conn.execute("PRAGMA journal_mode=WAL")
+            self.conn.row_factory = sqlite3.Row
             self._check_schema(read_only)
-        except sqlite3.DatabaseError as err:  # e.g. "file is not a database"
+        except BaseException:
             self.conn.close()
-            raise StoreError(f"{self.path}: not a results DB: {err}") from None
+            raise
 
     @classmethod
     def open_if_exists(cls, path: str | Path) -> Store | None:
@@ -84,19 +105,36 @@ class Store:
             raise
         self.conn.execute("COMMIT")
 
+    def _check_file(self) -> None:
+        """Refuse a file that is not a sound SQLite DB before anything writes to it."""
+        try:
+            problems = [row[0] for row in self.conn.execute("PRAGMA quick_check")]
+        except sqlite3.DatabaseError as err:
+            problems = [str(err)]
+        if problems != ["ok"]:
+            raise StoreError(f"{self.path}: not a usable SQLite results DB ({problems[0]}); it was "
+                             "left untouched: move it aside or pass another --db")
+
     def _check_schema(self, read_only: bool) -> None:
-        version = self.conn.execute("PRAGMA user_version").fetchone()[0]
-        if version > SCHEMA_VERSION:
-            raise StoreError(f"{self.path}: schema version {version} is newer than this codesign "
-                             f"understands ({SCHEMA_VERSION}); upgrade codesign")
-        if version == SCHEMA_VERSION:
+        """Bring the DB to SCHEMA_VERSION in one immediate transaction: the version is read again
+        under the write lock, so orchestrators opening a fresh DB at once migrate it exactly once.
+        Read only (a dry run), an older schema is migrated in a private in-memory copy."""
+        if self._version() == SCHEMA_VERSION:
             return
         if read_only:
             self.conn = _in_memory_copy(self.conn)
         with self._transaction() as conn:
+            version = self._version()
             for migrate in MIGRATIONS[version:]:
                 migrate(conn)
             conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+
+    def _version(self) -> int:
+        version = self.conn.execute("PRAGMA user_version").fetchone()[0]
+        if version > SCHEMA_VERSION:
+            raise StoreError(f"{self.path}: schema version {version} is newer than this codesign "
+                             f"understands ({SCHEMA_VERSION}); upgrade codesign")
+        return version
 
     @property
     def schema_version(self) -> int:
@@ -104,18 +142,25 @@ class Store:
 
     # -- decisions -------------------------------------------------------------------------
 
-    def decide(self, key: str, retry_failed: bool) -> str:
-        """"run", "skip" (already attempted, or succeeded under retry_failed) or "running".
-        Invalid attempts with a RETIRED_ERRORS error are not attempts."""
+    def decide(self, key: str, retry_failed: bool) -> Decision:
+        """Run, skip (finished, or attempted and not retry_failed) or running elsewhere.
+
+        Interrupted attempts are not the job's fault: up to MAX_INTERRUPTED of them, and nothing
+        else finished, the job runs again without a flag; past that it counts as failed. Invalid
+        attempts with a RETIRED_ERRORS error are not attempts at all.
+        """
         retired = ", ".join("?" for _ in RETIRED_ERRORS)
-        statuses = {row[0] for row in self.conn.execute(
+        counts = collections.Counter(row[0] for row in self.conn.execute(
             f"SELECT status FROM attempts WHERE job_key = ? AND NOT (status = ? AND error IN ({retired}))",
-            (key, INVALID, *RETIRED_ERRORS))}
-        if RUNNING in statuses:
-            return "running"
-        if statuses & set(DONE_STATUSES) or (statuses and not retry_failed):
-            return "skip"
-        return "run"
+            (key, INVALID, *RETIRED_ERRORS)))
+        if counts.get(RUNNING):
+            return Decision("running")
+        if any(counts.get(status) for status in DONE_STATUSES):
+            return Decision("skip")
+        interrupted = counts.get(INTERRUPTED, 0)
+        if sum(counts.values()) == interrupted and interrupted < MAX_INTERRUPTED:
+            return Decision("run", interrupted)
+        return Decision("run" if retry_failed else "skip")
 
     # -- the attempt state machine ---------------------------------------------------------
 
@@ -126,10 +171,10 @@ class Store:
 
     def _reap(self, conn: sqlite3.Connection, key: str | None) -> int:
         rows = conn.execute(
-            f"SELECT id, host, pid, {NOW} - heartbeat AS silent FROM attempts WHERE status = ?"
+            f"SELECT id, host, pid, started_at, {NOW} - heartbeat AS silent FROM attempts WHERE status = ?"
             + (" AND job_key = ?" if key else ""), (RUNNING, key) if key else (RUNNING,)).fetchall()
         dead = [r["id"] for r in rows
-                if r["silent"] > STALE_AFTER or (r["host"] == self.host and not _alive(r["pid"]))]
+                if r["silent"] > STALE_AFTER or (r["host"] == self.host and not _alive(r["pid"], r["started_at"]))]
         for attempt_id in dead:
             conn.execute(f"UPDATE attempts SET status = ?, finished_at = {NOW}, error = ? WHERE id = ?",
                          (INTERRUPTED, "orchestrator stopped while the job ran", attempt_id))
@@ -139,7 +184,7 @@ class Store:
         """Atomically open a running attempt for the job, or None when it must not run now."""
         with self._transaction() as conn:
             self._reap(conn, key)
-            if self.decide(key, retry_failed) != "run":
+            if self.decide(key, retry_failed).action != "run":
                 return None
             row = {**_spec_columns(job), "job_key": key, "status": RUNNING,
                    "datetime": datetime.datetime.now().isoformat(timespec="seconds"),
@@ -227,8 +272,17 @@ def _in_memory_copy(conn: sqlite3.Connection) -> sqlite3.Connection:
     return copy
 
 
-def _alive(pid: int | None) -> bool:
-    return pid is not None and psutil.pid_exists(pid)
+def _alive(pid: int | None, claimed_at: float | None) -> bool:
+    """The process that claimed an attempt still runs: its pid exists, is no zombie, and was not
+    reused by a process started after the claim (pids cycle within seconds on a busy machine)."""
+    if pid is None:
+        return False
+    try:
+        process = psutil.Process(pid)
+        return (process.status() != psutil.STATUS_ZOMBIE
+                and process.create_time() <= (claimed_at or float("inf")) + CLOCK_SLACK)
+    except psutil.NoSuchProcess:
+        return False
 
 
 def _cell(value: Any) -> Any:

@@ -50,6 +50,16 @@ V2_PRECISION_ENERGY = [  # older rows ran fp32
 ]
 
 
+# The earlier toolkit's table, as users query it (`select * from results where avg is not null`):
+# its columns, one row per finished attempt. A migration that rebuilds `attempts` drops this view
+# first (SQLite refuses to rename a table a view reads) and runs RESULTS_VIEW again after.
+RESULTS_VIEW = [
+    "DROP VIEW IF EXISTS results",
+    f"CREATE VIEW results AS SELECT {', '.join(LEGACY_COLUMNS)} FROM attempts "
+    "WHERE status <> 'running' ORDER BY id",
+]
+
+
 def rekey(conn: sqlite3.Connection) -> None:
     """Key version 2: every attempt's key recomputed from the job it recorded (all_configs), so
     a DB written before the canonical form changed keeps its skips."""
@@ -79,7 +89,7 @@ CREATE TABLE profiles (
 )"""]
 
 
-V5_STATUSES = (*V1_STATUSES, "simulated")
+V6_STATUSES = (*V1_STATUSES, "simulated")
 
 
 def allow_simulated(conn: sqlite3.Connection) -> None:
@@ -94,7 +104,7 @@ def allow_simulated(conn: sqlite3.Connection) -> None:
         "(tbl_name = 'attempts' OR (type = 'view' AND sql LIKE '%attempts%')) ORDER BY type = 'view'").fetchall()
     for kind, name, _ in reversed(dependents):
         conn.execute(f'DROP {kind.upper()} IF EXISTS "{name}"')
-    statuses = ", ".join(f"'{s}'" for s in V5_STATUSES)
+    statuses = ", ".join(f"'{s}'" for s in V6_STATUSES)
     rebuilt, found = re.subn(r"CHECK\s*\(\s*status\s+IN\s*\([^)]*\)\s*\)", f"CHECK (status IN ({statuses}))", table)
     if found != 1:
         raise sqlite3.DatabaseError("attempts has no CHECK (status IN (...)) to extend")
@@ -113,7 +123,8 @@ MIGRATIONS: list[Migration] = [
     _statements(V1_ATTEMPTS),
     _statements(V2_PRECISION_ENERGY),
     rekey,  # v3: job keys leave optional fields at their defaults out
-    _statements(PROFILES),  # v4: device profiles for the cost model
-    allow_simulated,  # v5: 'simulated' attempts, compiled_memory apart from predicted_memory
+    _statements(RESULTS_VIEW),  # v4: the earlier toolkit's `results`, as a view
+    _statements(PROFILES),  # v5: device profiles for the cost model
+    allow_simulated,  # v6: 'simulated' attempts, compiled_memory apart from predicted_memory
 ]
 SCHEMA_VERSION = len(MIGRATIONS)

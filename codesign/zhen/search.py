@@ -245,6 +245,8 @@ def select(search: Search) -> list[Choice]:
         chosen += [picked[r] for r in sorted(fresh)]  # drawn in random order, printed in space order
         taken.update(spec_key(picked[r].spec) for r in fresh)
         _report(f"{group.describe(base_params)}: {total:,} pass, {len(fresh)} chosen")
+        if group.limit and not fresh:
+            _report(f"{group.name}: empty, no candidate left that passes the filters")
     return chosen
 
 
@@ -300,9 +302,9 @@ def _report(message: str) -> None:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group(
         "model search", "With --search-model: the space, the base spec, the filters and the limits. "
-        "--num-layers and --uniform-kind restrict every group; the output is the base spec, then "
-        "--max-similar models of similar parameter count, then --max-per-depth models per depth "
-        "in --depths, none repeated.")
+        "--num-layers, --uniform-kind and --param-tolerance restrict every group; the output is the "
+        "base spec, then --max-similar models of similar parameter count, then --max-per-depth "
+        "models per depth in --depths, none repeated; an empty group is reported on stderr.")
     g.add_argument("--max-layers", type=int, default=DEFAULT_BASE_LAYERS, help="Most layers of a candidate.")
     g.add_argument("--slots", type=int, default=12, help="Token mixers per candidate, over all its layers.")
     g.add_argument("--kinds", default=DEFAULT_KINDS,
@@ -349,7 +351,8 @@ def search_from_args(args: argparse.Namespace) -> Search:
     per_depth = _at_least(args.max_per_depth, 0, "--max-per-depth")
     groups = (Group("similar", _at_least(args.max_similar, 0, "--max-similar"),
                     tolerance=args.param_tolerance),
-              *(Group(f"{d} layer{'s' if d > 1 else ''}", per_depth, layers=d) for d in depths))
+              *(Group(f"{d} layer{'s' if d > 1 else ''}", per_depth, layers=d,
+                      tolerance=args.param_tolerance) for d in depths))
     return Search(base=_base_spec(args), max_layers=max_layers, slots=slots, kinds=kinds,
                   num_layers=num_layers, uniform_kind=uniform, groups=groups,
                   seed=_at_least(args.seed, 0, "--seed"))
