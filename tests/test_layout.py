@@ -113,6 +113,7 @@ BENCH_SMOKE = {  # "{db}": a copy of the 0.1.0 results DB
     "bench_cost_model.py": ["-d", "{db}", "--repredict"],
     "bench_plan.py": ["--repeat", "1"],
     "bench_dry_run.py": ["--jobs", "1000"],
+    "bench_faults.py": ["--trials", "1", "--real", "0", "--stops", "1"],
     "bench_search.py": ["--max-slots", "8"],
     "bench_step.py": ["--model", "small", "--batch", "8", "--steps", "1", "--precision", "fp32"],
     "bench_plans.py": ["-c", str(DATA / "results_v0.1.0.toml"), "--timeout", "120"],

@@ -132,7 +132,7 @@ def test_migration_allows_simulated_keeps_views_and_moves_xla_memory(tmp_path):
     assert store.conn.execute("SELECT name FROM sqlite_master WHERE type = 'index'").fetchall()
     attempt = store.claim("sim-key", SIM_JOB, retry_failed=False)
     assert store.finish(attempt, Outcome("simulated", metrics={"predicted_time": 0.5}))
-    assert store.decide("sim-key", retry_failed=True) == "skip"
+    assert store.decide("sim-key", retry_failed=True).action == "skip"
     with pytest.raises(sqlite3.IntegrityError):
         store.conn.execute("UPDATE attempts SET status = 'bogus' WHERE id = ?", (attempt,))
 

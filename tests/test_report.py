@@ -309,7 +309,8 @@ def test_a_file_that_is_not_a_db_exits_2(tmp_path):
     (tmp_path / "notes.db").write_text("not sqlite")
     code, stdout, stderr = report_cli("report", "-d", str(tmp_path / "notes.db"), "-o", str(tmp_path / "out"))
     assert code == 2 and stdout == ""
-    assert stderr.strip() == f"codesign: error: {tmp_path / 'notes.db'}: not a results DB: file is not a database"
+    assert stderr.strip() == (f"codesign: error: {tmp_path / 'notes.db'}: not a usable SQLite results DB "
+                              "(file is not a database); it was left untouched: move it aside or pass another --db")
     assert not (tmp_path / "out").exists()
 
 
