@@ -216,6 +216,9 @@ def _mixer(kind: str, spec: ModelSpec, f_in: int, dtype, name: str, fold_dot: bo
     return ConvolutionMixer(o, dtype, name=name)
 
 
+_PROJECTING = (LinearMixer, AttentionMixer)  # mixers whose feature FC ZhenBlock runs
+
+
 def _feature_tokens(mixers: list[nn.Module], z: jax.Array, dtype) -> list[jax.Array]:
     """The feature-axis FCs of the mixers that have one (FeatureFc), as one matmul over z:
     B x D x F_in -> per mixer B x O x D tokens."""
@@ -246,9 +249,9 @@ class ZhenBlock(nn.Module):
             z = prev_out + prev_in
         mixers = [_mixer(kind, self.spec, f_in, self.dtype, f"mixer_{j}_{kind.lower()}", self.fold_dot)
                   for j, kind in enumerate(self.spec.tokens[self.index])]
-        projecting = [m for m in mixers if isinstance(m, (LinearMixer, AttentionMixer))]
-        projected = dict(zip(map(id, projecting), _feature_tokens(projecting, z, self.dtype) if projecting else []))
-        tokens = [m(projected[id(m)]) if id(m) in projected else m(z) for m in mixers]
+        projecting = [m for m in mixers if isinstance(m, _PROJECTING)]
+        projected = iter(_feature_tokens(projecting, z, self.dtype) if projecting else [])
+        tokens = [m(next(projected)) if isinstance(m, _PROJECTING) else m(z) for m in mixers]
         out = nn.LayerNorm(dtype=self.dtype, name="norm")(jnp.concatenate(tokens, axis=1))
         return z, out.transpose(0, 2, 1)
 
