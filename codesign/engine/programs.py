@@ -142,18 +142,20 @@ def batch_shapes(job: Job, micro_batches: int) -> tuple[jax.ShapeDtypeStruct, ja
     """Shapes of synthetic_batch's (inputs, targets), micro-batch leading."""
     m, b = job.model, job.global_batch
     per = (micro_batches, b // micro_batches)
-    return (jax.ShapeDtypeStruct((*per, m.emb_dim, m.num_features), jnp.float32),
+    return (jax.ShapeDtypeStruct((*per, m.emb_dim, m.num_features), DTYPES[job.training.precision]),
             jax.ShapeDtypeStruct((*per, counts.output_width(m)), jnp.float32))
 
 
 def synthetic_batch(job: Job, micro_batches: int, x_sharding: NamedSharding,
                     y_sharding: NamedSharding) -> tuple[jax.Array, jax.Array]:
-    """Fixed random inputs and targets (micro-batch leading), identical for every plan of the job."""
+    """Fixed random inputs and targets (micro-batch leading), identical for every plan of the job.
+    Inputs come in the compute precision, as a bf16 data pipeline would feed them: the step does
+    not convert them (the model casts its input to that precision first, so the values are the same)."""
     m, b = job.model, job.global_batch
     kx, ky = jax.random.split(jax.random.key(job.training.seed + 1))
 
     def inputs():
-        x = jax.random.normal(kx, (b, m.emb_dim, m.num_features), jnp.float32)
+        x = jax.random.normal(kx, (b, m.emb_dim, m.num_features), jnp.float32).astype(DTYPES[job.training.precision])
         return x.reshape(micro_batches, b // micro_batches, *x.shape[1:])
 
     def targets():
