@@ -11,8 +11,8 @@ from codesign.spec.types import ClusterSpec, Job, ModelSpec, ParallelSpec, Train
 from tests.reference import differences, live_leaves, two_steps
 
 model = ModelSpec(16, 8, 4, 2, (("ATTENTION", "LINEAR", "DOT", "CONVOLUTION"), ("DOT", "ATTENTION")))
-def job(devices, pp_dp_op, micro, options=(), per_device=None, fold=False):
-    training = TrainingSpec(per_device or 32 // devices, 4, fold_dot=fold)
+def job(devices, pp_dp_op, micro, options=(), per_device=None):
+    training = TrainingSpec(per_device or 32 // devices, 4)
     parallel = ParallelSpec("test", (micro,), 1, False, pp_dp_op, None, options)
     return Job(model, ClusterSpec(1, devices, "NVLink", "cpu"), training, parallel, micro, "cpu")
 
@@ -22,8 +22,7 @@ cases = {"dp4": job(4, (1, 4, 1), 1), "op4": job(4, (1, 1, 4), 1), "dp2xop2": jo
          "dp2xop2 mb2": job(4, (1, 2, 2), 2), "dp4 mb4": job(4, (1, 4, 1), 4),
          "batch on op": job(4, (1, 2, 2), 1, (("force_batch_dim_to_mesh_dim", 1),)),
          "dp2xop2 mb2 zero2": job(4, (1, 2, 2), 2, (("prefer_reduce_scatter", True),)),
-         "single mb2": job(1, (1, 1, 1), 2, per_device=32),
-         "dp2xop2 mb2 zero2 fold_dot": job(4, (1, 2, 2), 2, (("prefer_reduce_scatter", True),), fold=True)}
+         "single mb2": job(1, (1, 1, 1), 2, per_device=32)}
 result = {name: differences(two_steps(j), reference, live) for name, j in cases.items()}
 print(json.dumps({"ref": reference["losses"], "live": sum(live), "leaves": len(live), "cases": result}))
 """
