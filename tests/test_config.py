@@ -37,10 +37,11 @@ def test_default_config_runs_anywhere():
 
 
 def test_platform_and_new_keys(tmp_path):
-    text = BASE.replace("num_iters = 3", 'num_iters = 3\nprecision = "bf16"\nlearning_rate = 0.01')
+    text = BASE.replace("num_iters = 3", 'num_iters = 3\nprecision = "bf16"\nlearning_rate = 0.01\nfold_dot = true')
     config = load_config(write(tmp_path, text))
     assert config.clusters[0].platform == "cpu"
     assert config.training.precision == "bf16" and config.training.learning_rate == 0.01
+    assert config.training.fold_dot and not load_config(write(tmp_path, BASE)).training.fold_dot
 
 
 @pytest.mark.parametrize("old, new, table, field", [
@@ -51,6 +52,7 @@ def test_platform_and_new_keys(tmp_path):
     ('tokens = ["LINEAR", "DOT"]', 'tokens = [["DOT"], ["DOT"]]', "[[model]] #1", "tokens"),
     ('emb_dim = 4', 'emb_dim = 0', "[[model]] #1", "emb_dim"),
     ('num_iters = 3', 'num_iters = "3"', "[training_spec]", "num_iters"),
+    ('num_iters = 3', 'num_iters = 3\nfold_dot = "yes"', "[training_spec]", "fold_dot"),
     ('"(pp, dp, op)" = [1, 2, 1]', '"(pp, dp, op)" = [1, 2]', "[[parallel_spec]] #1", "(pp, dp, op)"),
     ('"(pp, dp, op)" = [1, 2, 1]', '', "[[parallel_spec]] #1", "(pp, dp, op)"),
     ('num_micro_batches = [1, 3]', 'num_micro_batches = [1, 3]\nphysical_mesh_shape = [1, 4]',

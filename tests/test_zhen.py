@@ -6,7 +6,17 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from codesign.spec.types import MIXERS, ModelSpec
+from codesign.engine import programs
+from codesign.engine.job import build_training
+from codesign.planner.plan import make_plan
+from codesign.spec.types import (
+    MIXERS,
+    ClusterSpec,
+    Job,
+    ModelSpec,
+    ParallelSpec,
+    TrainingSpec,
+)
 from codesign.zhen import counts, network
 from tests.reference import built_param_count
 
@@ -77,36 +87,64 @@ def test_repeated_mixers_have_their_own_weights():
     assert not jnp.allclose(a, b)
 
 
-def test_folded_dot_is_the_same_function_with_half_the_fc1_work():
-    spec = ModelSpec(24, 8, 3, 2, (("DOT", "LINEAR"), ("DOT", "DOT")))
+@pytest.mark.parametrize("f_in, tokens", [(24, (("DOT", "LINEAR"), ("DOT", "DOT"))),  # 8 blocks of 3
+                                           (7, (("DOT",),))])  # 7 blocks of 1: the exact triangle
+def test_folded_dot_is_the_same_function_with_fewer_flops(f_in, tokens):
+    spec = ModelSpec(f_in, 8, 3, len(tokens), tokens)
     params = nn.meta.unbox(network.init_params(spec, jax.random.key(1)))
-    x = jax.random.normal(jax.random.key(2), (4, 8, 24))
+    x = jax.random.normal(jax.random.key(2), (4, 8, f_in))
 
     def loss(p, fold):
         return jnp.mean(network.forward(spec, p, x, fold_dot=fold) ** 2)
 
-    (folded, g_folded), (plain, g_plain) = (jax.value_and_grad(loss)(params, f) for f in (True, False))
+    grad = jax.jit(jax.value_and_grad(loss), static_argnums=1)
+    (folded, g_folded), (plain, g_plain) = (grad(params, f) for f in (True, False))
     assert abs(folded - plain) < 1e-5 * abs(plain)
     scale = max(float(jnp.max(jnp.abs(g))) for g in jax.tree.leaves(g_plain))
     for a, b in zip(jax.tree.leaves(g_folded), jax.tree.leaves(g_plain)):
         assert jnp.max(jnp.abs(a - b)) <= 1e-5 * scale
+
+
+def test_folded_dot_saves_the_gram_and_fc1_work_below_the_diagonal_blocks():
     saved = counts.forward_flops_per_sample(SEED) - counts.forward_flops_per_sample(SEED, fold_dot=True)
-    below_diagonal = [f * (f - 1) // 2 for f in (512, 80, 80, 80)]  # one DOT mixer per layer
-    assert saved == sum(2 * n * counts.DOT_HIDDEN for n in below_diagonal)
+    below = [512 * 512 - 64 * 64 * 36, 80 * 80 - 10 * 10 * 36]  # 8 blocks: 36 of 64 kept
+    assert saved == sum(2 * n * (SEED.emb_dim + counts.DOT_HIDDEN) for n in below[:1] + below[1:] * 3)
 
 
-def test_bf16_keeps_no_fp32_copy_of_the_gram_matrix():
-    spec = ModelSpec(64, 8, 2, 1, (("DOT",),))
+@pytest.mark.parametrize("fold", [False, True])
+def test_compiled_step_has_no_gather_or_scatter(fold):
+    spec = ModelSpec(16, 4, 2, 2, (("DOT", "LINEAR"), ("DOT",)))
+    job = Job(spec, ClusterSpec(1, 1, "NVLink", "cpu"), TrainingSpec(4, 2, precision="bf16", fold_dot=fold),
+              ParallelSpec("single device", (1,), 1, False, (1, 1, 1)), 1, "cpu")
+    ops = programs.compiled_op_counts(build_training(job, make_plan(job)).compiled)
+    assert ops["dot"] > 0 and ops["fusion"] > 0
+    assert (ops["gather"], ops["scatter"]) == (0, 0), ops
+
+
+def _avals(jaxpr) -> list:
+    """Output avals of every equation, nested jaxprs included."""
+    found = []
+    for eqn in jaxpr.eqns:
+        found += [v.aval for v in eqn.outvars]
+        for value in eqn.params.values():
+            inner = getattr(value, "jaxpr", value)
+            if hasattr(inner, "eqns"):
+                found += _avals(inner)
+    return found
+
+
+@pytest.mark.parametrize("fold", [False, True])
+def test_bf16_keeps_no_fp32_copy_of_the_gram_matrix(fold):
+    spec = ModelSpec(48, 8, 2, 1, (("DOT",),))
     params = nn.meta.unbox(jax.eval_shape(lambda k: network.init_params(spec, k), jax.random.key(0)))
-    x = jax.ShapeDtypeStruct((4, 8, 64), jnp.bfloat16)
+    x = jax.ShapeDtypeStruct((4, 8, 48), jnp.bfloat16)
 
     def loss(p, x):
-        return jnp.mean(network.forward(spec, p, x, dtype=jnp.bfloat16).astype(jnp.float32) ** 2)
+        return jnp.mean(network.forward(spec, p, x, dtype=jnp.bfloat16, fold_dot=fold).astype(jnp.float32) ** 2)
 
     jaxpr = jax.make_jaxpr(jax.grad(loss))(params, x)
-    big = {64 * 64, 64 * 65 // 2}  # per-sample Gram entries, full and upper triangle
-    avals = [v.aval for eqn in jaxpr.jaxpr.eqns for v in eqn.outvars]
-    gram_like = [a for a in avals if a.ndim >= 2 and a.shape[0] == 4 and math.prod(a.shape[1:]) in big]
+    big = {48 * 48} | {6 * (48 - 6 * i) for i in range(8)}  # per-sample Gram entries: all, folded row blocks
+    gram_like = [a for a in _avals(jaxpr.jaxpr) if a.ndim >= 2 and a.shape[0] == 4 and math.prod(a.shape[1:]) in big]
     assert gram_like and all(a.dtype == jnp.bfloat16 for a in gram_like), gram_like
 
 

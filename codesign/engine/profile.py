@@ -16,7 +16,7 @@ import json
 import logging
 import sys
 import time
-from typing import Callable
+from typing import Any, Callable
 
 import flax.linen as nn
 import jax
@@ -76,8 +76,7 @@ def kind_rate(kind: str, platform: str, precision: str, dispatch: float, peak: f
     if kind == LAYER:
         module, flops = nn.Dense(f_in, dtype=dtype), 2 * emb * f_in * f_in
     else:
-        module, flops = (network.mixer(kind, _probe_spec(f_in, out, emb), dtype, kind.lower(), True),
-                         counts.mixer_work(kind, f_in, out, emb).flops)
+        module, flops = OneMixerLayer(kind, f_in, out, emb, dtype), counts.mixer_work(kind, f_in, out, emb).flops
     times = np.array([call_times(module, jax.random.normal(jax.random.key(1), (b, emb, f_in), dtype), repeats)
                       for b in sizes])
 
@@ -91,8 +90,20 @@ def kind_rate(kind: str, platform: str, precision: str, dispatch: float, peak: f
     return Rate(forward, backward, overhead)
 
 
-def _probe_spec(f_in: int, out: int, emb: int) -> ModelSpec:
-    return ModelSpec(f_in, emb, out, 1, (tuple(MIXERS),))
+class OneMixerLayer(nn.Module):
+    """ZHEN's first layer holding one mixer of a kind: what the profile times for that kind (the
+    model's own code path: a LINEAR or ATTENTION mixer's feature FC runs in the layer)."""
+
+    kind: str
+    f_in: int
+    out: int
+    emb: int
+    dtype: Any
+
+    @nn.compact
+    def __call__(self, z: jax.Array) -> jax.Array:
+        spec = ModelSpec(self.f_in, self.emb, self.out, 1, ((self.kind,),))
+        return network.ZhenBlock(spec, 0, self.dtype)((z, None))[1]
 
 
 def bandwidth(repeats: int) -> float:
@@ -106,7 +117,7 @@ def gather_bandwidth(platform: str, repeats: int) -> float:
     """Bytes/s of the folded DOT's kernel traffic: its backward at one sample, a kernel as wide
     as a first layer's (the scatter into the full kernel's gradient dominates)."""
     f_in = {"cpu": 64, "gpu": 512}[platform]
-    module = network.mixer("DOT", _probe_spec(f_in, 4, 8), jnp.float32, "dot", True)
+    module = OneMixerLayer("DOT", f_in, 4, 8, jnp.float32)
     _, backward = call_times(module, jnp.ones((1, 8, f_in), jnp.float32), repeats)
     return 4 * counts.mixer_work("DOT", f_in, 4, 8).kernel_scatter / backward
 

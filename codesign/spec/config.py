@@ -157,7 +157,7 @@ def _array(top: _Table, name: str) -> list[dict[str, Any]]:
     return value
 
 
-_TRAINING_KEYS = {"avg_batch_size_per_device", "num_iters", "learning_rate", "seed", "precision"}
+_TRAINING_KEYS = {"avg_batch_size_per_device", "num_iters", "learning_rate", "seed", "precision", "fold_dot"}
 _MODEL_KEYS = {"num_features", "emb_dim", "output_per_emb", "num_zhen_layers", "tokens"}
 _CLUSTER_KEYS = {"num_hosts", "num_devices_per_host", "transport", "platform", "device"}
 _PARALLEL_KEYS = {"description", "num_micro_batches", "num_auto_layers", "remat_layer", PP_DP_OP,
@@ -197,7 +197,8 @@ def parse_training(t: _Table) -> TrainingSpec:
                         num_iters=t.int("num_iters", minimum=2),
                         learning_rate=t.float("learning_rate", 1e-3),
                         seed=t.int("seed", default=0, minimum=0),
-                        precision=t.choice("precision", PRECISIONS, "fp32"))
+                        precision=t.choice("precision", PRECISIONS, "fp32"),
+                        fold_dot=t.bool("fold_dot", False))
 
 
 def parse_model(t: _Table) -> ModelSpec:

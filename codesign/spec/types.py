@@ -68,6 +68,7 @@ class TrainingSpec:
     learning_rate: float = 1e-3
     seed: int = 0
     precision: str = "fp32"
+    fold_dot: bool = False  # DOT mixers over the Gram's upper blocks: same function, fewer FLOPs
 
     @property
     def warmup_iters(self) -> int:

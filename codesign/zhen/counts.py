@@ -14,6 +14,7 @@ from codesign.spec.types import ModelSpec
 DOT_HIDDEN = 512
 FFN_HIDDEN = 2048
 CONV_KERNEL = 5
+FOLD_BLOCKS = 8  # at most this many feature blocks in the folded DOT mixer
 
 
 def feature_widths(num_features: int, out: int, mixers_per_layer: Sequence[int], i: int) -> tuple[int, int]:
@@ -63,16 +64,27 @@ def param_count(spec: ModelSpec) -> int:
     return sum(layer_param_count(spec, i) for i in range(spec.num_zhen_layers))
 
 
+def fold_blocks(f_in: int) -> int:
+    """k, the blocks the folded DOT mixer splits F_in into: the largest k <= FOLD_BLOCKS dividing F_in."""
+    return max(k for k in range(1, FOLD_BLOCKS + 1) if f_in % k == 0)
+
+
+def folded_pairs(f_in: int) -> int:
+    """Gram entries the folded DOT mixer computes: its k(k+1)/2 blocks on and above the diagonal."""
+    k = fold_blocks(f_in)
+    return (f_in // k) ** 2 * k * (k + 1) // 2
+
+
 def mixer_flops(kind: str, f_in: int, out: int, emb: int, fold_dot: bool = False) -> int:
     """Forward matmul and convolution FLOPs (2 per multiply-add) of one mixer, per sample.
 
-    By default the model's own FLOPs (the DOT mixer's FC over all F_in^2 pairs), what
+    By default the model's own FLOPs (the DOT mixer's Gram and FC over all F_in^2 pairs), what
     throughput figures are quoted in; fold_dot=True counts what the folded DOT executes.
     """
     fc = 2 * emb * f_in * out
     if kind == "DOT":
-        pairs = f_in * (f_in + 1) // 2 if fold_dot else f_in * f_in
-        return 2 * emb * f_in * f_in + 2 * pairs * DOT_HIDDEN + 2 * DOT_HIDDEN * out * emb
+        pairs = folded_pairs(f_in) if fold_dot else f_in * f_in
+        return 2 * emb * pairs + 2 * pairs * DOT_HIDDEN + 2 * DOT_HIDDEN * out * emb
     if kind == "LINEAR":
         return fc
     if kind == "ATTENTION":

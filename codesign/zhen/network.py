@@ -8,6 +8,7 @@ the plan maps them to mesh axes.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Sequence
 
@@ -17,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from codesign.spec.types import ModelSpec
+from codesign.zhen import counts
 from codesign.zhen.counts import CONV_KERNEL, DOT_HIDDEN, FFN_HIDDEN, layer_widths
 
 Carry = tuple[jax.Array, jax.Array | None]
@@ -29,57 +31,130 @@ def _dense(features: int, axes: tuple[str | None, str | None], dtype, name: str,
                     bias_init=nn.with_logical_partitioning(nn.initializers.zeros_init(), axes[1:]))
 
 
-class SymmetricPairsDense(nn.Module):
-    """The DOT mixer's first FC, over only the upper triangle of the symmetric z^T z.
+def _later_block(f: int, k: int) -> np.ndarray:
+    """[a, c]: feature c lies in a later one of the k blocks than feature a."""
+    block = np.arange(f) // (f // k)
+    return block[None, :] > block[:, None]
 
-    t_ij W_ij + t_ji W_ji = t_ij (W_ij + W_ji) when t is symmetric, so folding the kernel's
-    mirrored rows gives the same function with about half the multiply-adds. The kernel keeps
-    its full F_in^2 rows (same parameters, same count, same initialisation as a plain Dense).
+
+def _fold_rows(kernel: jax.Array, k: int, dtype) -> list[jax.Array]:
+    """Per row block i: kernel rows (a in block i, c >= block i), mirrored rows (c, a) added off the diagonal blocks."""
+    f, h = math.isqrt(kernel.shape[0]), kernel.shape[1]
+    w = kernel.reshape(f, f, h)
+    folded = (w + jnp.where(_later_block(f, k)[:, :, None], w.transpose(1, 0, 2), 0)).astype(dtype)
+    s = f // k
+    return [folded[i * s:(i + 1) * s, i * s:] for i in range(k)]
+
+
+def _gram_rows(z: jax.Array, k: int) -> list[jax.Array]:
+    """Per row block i: z^T z rows of block i from column block i on, B x s x (F - i s)."""
+    s = z.shape[2] // k
+    return [jnp.einsum("bdu,bdc->buc", z[:, :, i * s:(i + 1) * s], z[:, :, i * s:]) for i in range(k)]
+
+
+def _upper(pieces: list[jax.Array], axis: int) -> jax.Array:
+    """The row blocks of an upper block trapezoid (each from its diagonal block on) as one
+    zero-filled square array: one concatenation, where autodiff would add k padded copies."""
+    f = pieces[0].shape[axis]
+    rows = [jnp.concatenate([jnp.zeros(p.shape[:axis] + (f - p.shape[axis],) + p.shape[axis + 1:], p.dtype), p],
+                            axis=axis) for p in pieces]
+    return jnp.concatenate(rows, axis=axis - 1)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
+def folded_pairs(z: jax.Array, kernel: jax.Array, k: int, dtype) -> jax.Array:
+    """sum over a, c of t_ac kernel[a F + c] for t = z^T z, over the Gram's k(k+1)/2 upper blocks."""
+    return _folded_pairs_fwd(z, kernel, k, dtype)[0]
+
+
+def _folded_pairs_fwd(z, kernel, k, dtype):
+    grams, rows = _gram_rows(z, k), _fold_rows(kernel, k, dtype)
+    h = sum(g.reshape(g.shape[0], -1) @ r.reshape(-1, r.shape[-1]) for g, r in zip(grams, rows))
+    return h, (z, grams, rows)
+
+
+def _folded_pairs_bwd(k, dtype, residuals, dh):
+    z, grams, rows = residuals
+    f = z.shape[2]
+    d_grams = [jnp.einsum("bh,uch->buc", dh, r) for r in rows]
+    d_rows = [jnp.einsum("buc,bh->uch", g, dh) for g in grams]
+    d_gram = _upper(d_grams, 2)  # B x F x F
+    dz = jnp.einsum("bdg,bfg->bdf", z, d_gram + d_gram.transpose(0, 2, 1))
+    d_fold = _upper(d_rows, 1).astype(jnp.float32)  # F x F x H
+    d_kernel = d_fold + jnp.where(_later_block(f, k)[:, :, None], d_fold, 0).transpose(1, 0, 2)
+    return dz, d_kernel.reshape(f * f, -1)
+
+
+folded_pairs.defvjp(_folded_pairs_fwd, _folded_pairs_bwd)
+
+
+class FoldedPairsDense(nn.Module):
+    """The DOT mixer's z^T z and first FC over only the Gram blocks on and above the diagonal.
+
+    t = z^T z is symmetric, so t_ac W_ac + t_ca W_ca = t_ac (W_ac + W_ca). F_in is split into
+    k blocks (counts.fold_blocks); row block i of t is computed from column block i on and meets
+    the matching kernel rows, the mirrored rows added off the diagonal blocks. Static slices and
+    concatenations only, forward and backward (a gather of the triangle made the step slower on
+    GPU). The kernel keeps its F_in^2 rows: same parameters, count and initialisation as a Dense.
     """
 
     features: int
     dtype: jnp.dtype = jnp.float32
 
     @nn.compact
-    def __call__(self, gram: jax.Array) -> jax.Array:
-        f = gram.shape[-1]
+    def __call__(self, z: jax.Array) -> jax.Array:
+        f = z.shape[-1]
         kernel = self.param("kernel", nn.with_logical_partitioning(nn.initializers.lecun_normal(),
                                                                    ("pairs", "mlp")), (f * f, self.features))
         bias = self.param("bias", nn.with_logical_partitioning(nn.initializers.zeros_init(), ("mlp",)),
                           (self.features,))
-        rows, cols = np.triu_indices(f)
-        upper, lower = rows * f + cols, cols * f + rows
-        mirrored = jnp.where((rows != cols)[:, None], kernel[lower], 0.0)
-        folded = (kernel[upper] + mirrored).astype(self.dtype)
-        pairs = gram.reshape(gram.shape[0], -1)[:, upper]
-        return pairs @ folded + bias.astype(self.dtype)
+        return folded_pairs(z, kernel, counts.fold_blocks(f), self.dtype) + bias.astype(self.dtype)
 
 
 class DotMixer(nn.Module):
     out: int
     emb: int
     dtype: jnp.dtype = jnp.float32
-    fold_symmetric: bool = True
+    fold: bool = False
 
     @nn.compact
     def __call__(self, z: jax.Array) -> jax.Array:
         b = z.shape[0]
-        gram = jnp.einsum("bdf,bdg->bfg", z, z)
-        if self.fold_symmetric:
-            h = SymmetricPairsDense(DOT_HIDDEN, self.dtype, name="fc1")(gram)
+        if self.fold:
+            h = FoldedPairsDense(DOT_HIDDEN, self.dtype, name="fc1")(z)
         else:
+            gram = jnp.einsum("bdf,bdg->bfg", z, z)
             h = _dense(DOT_HIDDEN, ("pairs", "mlp"), self.dtype, "fc1")(gram.reshape(b, -1))
         y = _dense(self.out * self.emb, ("mlp", None), self.dtype, "fc2")(nn.relu(h))
         return y.reshape(b, self.out, self.emb)
 
 
-class LinearMixer(nn.Module):
-    out: int
-    dtype: jnp.dtype = jnp.float32
+class FeatureFc(nn.Module):
+    """A Dense's kernel and bias over the feature axis, read by the layer rather than applied:
+    the LINEAR and ATTENTION mixers of a layer share their input z, so ZhenBlock runs all their
+    FCs as one matmul (z read once, one transpose to tokens) with parameters unchanged."""
 
-    @nn.compact
-    def __call__(self, z: jax.Array) -> jax.Array:
-        return _dense(self.out, ("features", None), self.dtype, "fc")(z).transpose(0, 2, 1)
+    f_in: int
+    out: int
+
+    def setup(self):
+        self.kernel = self.param("kernel", nn.with_logical_partitioning(nn.initializers.lecun_normal(),
+                                                                        ("features", None)), (self.f_in, self.out))
+        self.bias = self.param("bias", nn.with_logical_partitioning(nn.initializers.zeros_init(), (None,)),
+                               (self.out,))
+
+
+class LinearMixer(nn.Module):
+    """FC over the feature axis F_in -> O (run by ZhenBlock), transposed to O x D tokens."""
+
+    f_in: int
+    out: int
+
+    def setup(self):
+        self.fc = FeatureFc(self.f_in, self.out)
+
+    def __call__(self, tokens: jax.Array) -> jax.Array:
+        return tokens
 
 
 class EncoderLayer(nn.Module):
@@ -101,13 +176,18 @@ class EncoderLayer(nn.Module):
 
 
 class AttentionMixer(nn.Module):
+    """FC over the feature axis F_in -> O (run by ZhenBlock), then a Transformer encoder layer."""
+
+    f_in: int
     out: int
     dtype: jnp.dtype = jnp.float32
 
-    @nn.compact
-    def __call__(self, z: jax.Array) -> jax.Array:
-        tokens = _dense(self.out, ("features", None), self.dtype, "fc")(z).transpose(0, 2, 1)
-        return EncoderLayer(self.dtype, name="encoder")(tokens)
+    def setup(self):
+        self.fc = FeatureFc(self.f_in, self.out)
+        self.encoder = EncoderLayer(self.dtype)
+
+    def __call__(self, tokens: jax.Array) -> jax.Array:
+        return self.encoder(tokens)
 
 
 class ConvolutionMixer(nn.Module):
@@ -125,15 +205,28 @@ class ConvolutionMixer(nn.Module):
         return _dense(self.out, ("features", None), self.dtype, "fc")(y).transpose(0, 2, 1)
 
 
-def mixer(kind: str, spec: ModelSpec, dtype, name: str, fold_dot: bool) -> nn.Module:
+def _mixer(kind: str, spec: ModelSpec, f_in: int, dtype, name: str, fold_dot: bool) -> nn.Module:
     o, d = spec.output_per_emb, spec.emb_dim
     if kind == "DOT":
         return DotMixer(o, d, dtype, fold_dot, name=name)
     if kind == "LINEAR":
-        return LinearMixer(o, dtype, name=name)
+        return LinearMixer(f_in, o, name=name)
     if kind == "ATTENTION":
-        return AttentionMixer(o, dtype, name=name)
+        return AttentionMixer(f_in, o, dtype, name=name)
     return ConvolutionMixer(o, dtype, name=name)
+
+
+_PROJECTING = (LinearMixer, AttentionMixer)  # mixers whose feature FC ZhenBlock runs
+
+
+def _feature_tokens(mixers: list[nn.Module], z: jax.Array, dtype) -> list[jax.Array]:
+    """The feature-axis FCs of the mixers that have one (FeatureFc), as one matmul over z:
+    B x D x F_in -> per mixer B x O x D tokens."""
+    fcs = [m.fc for m in mixers]
+    kernel = jnp.concatenate([fc.kernel for fc in fcs], axis=1).astype(dtype)
+    bias = jnp.concatenate([fc.bias for fc in fcs]).astype(dtype)
+    tokens = (z @ kernel + bias).transpose(0, 2, 1)
+    return jnp.split(tokens, len(fcs), axis=1)
 
 
 class ZhenBlock(nn.Module):
@@ -142,20 +235,23 @@ class ZhenBlock(nn.Module):
     spec: ModelSpec
     index: int
     dtype: jnp.dtype = jnp.float32
-    fold_dot: bool = True  # False: the DOT mixer's FC over the full F_in^2 Gram matrix, as defined
+    fold_dot: bool = False  # True: the DOT mixer over the Gram's upper blocks (FoldedPairsDense)
 
     @nn.compact
     def __call__(self, carry: Carry) -> Carry:
         prev_in, prev_out = carry
+        f_in, skip = layer_widths(self.spec, self.index)
         if self.index == 0:
             z = prev_in
         else:
-            f_in, skip = layer_widths(self.spec, self.index)
             if skip != f_in:
                 prev_in = _dense(f_in, ("features", None), self.dtype, "skip")(prev_in)
             z = prev_out + prev_in
-        tokens = [mixer(kind, self.spec, self.dtype, f"mixer_{j}_{kind.lower()}", self.fold_dot)(z)
+        mixers = [_mixer(kind, self.spec, f_in, self.dtype, f"mixer_{j}_{kind.lower()}", self.fold_dot)
                   for j, kind in enumerate(self.spec.tokens[self.index])]
+        projecting = [m for m in mixers if isinstance(m, _PROJECTING)]
+        projected = iter(_feature_tokens(projecting, z, self.dtype) if projecting else [])
+        tokens = [m(next(projected)) if isinstance(m, _PROJECTING) else m(z) for m in mixers]
         out = nn.LayerNorm(dtype=self.dtype, name="norm")(jnp.concatenate(tokens, axis=1))
         return z, out.transpose(0, 2, 1)
 
@@ -178,13 +274,13 @@ def _input_carry(spec: ModelSpec, i: int, batch: int) -> Carry:
 
 
 def apply_layers(spec: ModelSpec, params: dict, carry: Carry, layers: Sequence[int],
-                 dtype=jnp.float32, fold_dot: bool = True) -> Carry:
+                 dtype=jnp.float32, fold_dot: bool = False) -> Carry:
     for i in layers:
         carry = ZhenBlock(spec, i, dtype, fold_dot).apply({"params": params[f"layer_{i}"]}, carry)
     return carry
 
 
 def forward(spec: ModelSpec, params: dict, x: jax.Array, dtype=jnp.float32,
-            fold_dot: bool = True) -> jax.Array:
+            fold_dot: bool = False) -> jax.Array:
     _, out = apply_layers(spec, params, (x, None), range(spec.num_zhen_layers), dtype, fold_dot)
     return out.reshape(out.shape[0], -1)
