@@ -3,10 +3,12 @@
 Runs in its own process (`python -m codesign.engine.profile OUT.json`), the platform and the
 virtual device count set in the environment before JAX starts. It times, on one device, each
 ZHEN mixer's forward and backward at three micro-batch sizes (a line through them gives the
-effective FLOP/s and the fixed cost per call), a memory copy (bandwidth) and a tiny program
-(the host's cost per dispatch); across the local devices, the aggregate speed of 1, 2, 4, 8
-devices busy at once (virtual CPU devices share the machine's cores), all-reduces (the link's
-bandwidth and latency) and the scratch XLA gives a compiled step. Each time is a median.
+effective FLOP/s and the fixed cost per call), a memory copy (bandwidth), the folded DOT's
+kernel scatter (gather bandwidth) and a program call (the host's cost per dispatch); across the
+local devices, the aggregate speed of 1, 2, 4, 8 devices busy at once (virtual CPU devices
+share the machine's cores), all-reduces (the link's bandwidth and latency) and the scratch XLA
+gives a compiled step. Then it fits the result to real training steps of a probe model.
+Micro-benchmarks keep their fastest time, whole steps their median.
 """
 
 from __future__ import annotations
@@ -260,12 +262,11 @@ def measure(repeats: int = 5) -> DeviceProfile:
             log.info("  %s %s: %s", precision, kind, table[-1][1])
         rates.append((precision, tuple(table)))
     probed = DeviceProfile(kind=device.device_kind if platform == "gpu" else "cpu", platform=platform,
-                         memory=device_memory(device), rates=tuple(rates), bandwidth=bw,
-                         gather_bandwidth=gather_bandwidth(platform, repeats), dispatch=dispatch,
-                         speedup=tuple(points) if platform == "cpu" else (), link=link(repeats),
-                         update_scratch=update_scratch(platform), combines_collectives=platform == "gpu",
-                         roofline=False,
-                         versions=tuple(sorted(library_versions().items())), source="measured")
+                           memory=device_memory(device), rates=tuple(rates), bandwidth=bw,
+                           gather_bandwidth=gather_bandwidth(platform, repeats), dispatch=dispatch,
+                           speedup=tuple(points) if platform == "cpu" else (), link=link(repeats),
+                           update_scratch=update_scratch(platform), combines_collectives=platform == "gpu",
+                           roofline=False, versions=tuple(sorted(library_versions().items())), source="measured")
     profile = calibrate(probed, platform, repeats)
     log.info("  calibrated on real steps: Adam's bandwidth %.3g B/s, FLOP rates x %.2f, link %s",
              profile.bandwidth, profile.rate("fp32", "DOT").forward / probed.rate("fp32", "DOT").forward,
