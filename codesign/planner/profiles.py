@@ -126,7 +126,7 @@ BUILTIN: dict[str, DeviceProfile] = {
                                           ("ATTENTION", Rate(4e10, 1.7e10, 1e-6)),
                                           ("CONVOLUTION", Rate(7e8, 1e9, 3e-5)), (LAYER, Rate(4.7e10, 4e10, 4e-6)))),),
                          bandwidth=9e9, gather_bandwidth=2e9, dispatch=1e-4,
-                         speedup=((1, 1.0), (2, 1.1), (4, 1.0), (8, 1.0)), link=Link(1.8e9, 7e-5),
+                         speedup=((1, 1.0), (2, 1.1), (4, 1.0), (8, 1.0)), link=Link(2e9, 1.2e-5),
                          combines_collectives=False, roofline=False),
 }
 
