@@ -148,12 +148,13 @@ def test_any_plan_is_priced_and_stage_costs_add_up_over_layers():
 
 def test_cpu_profile_shares_cores_between_busy_devices():
     cpu = BUILTIN["cpu"]
-    assert cpu.share(1) == 1.0 and cpu.share(8) == pytest.approx(1.4 / 8)
+    assert cpu.share(1) == 1.0 and cpu.share(8) == pytest.approx(1.0 / 8)
     small = dict(model=SMALL, batch=16)
     one = priced(job(device="cpu", **small))
     eight = priced(job(device="cpu", per_host=8, pp_dp_op=(1, 8, 1), **small))
-    # Each of 8 devices does 1/8 of the work at 1.4/8 of one device's speed: not 8x faster.
-    assert eight.seconds > 0.5 * one.seconds
+    # Each of 8 devices does 1/8 of the samples at 1/8 of one device's speed, and repeats every
+    # fixed cost: not 8x faster, slower.
+    assert eight.seconds > one.seconds
 
 
 def test_links_are_overridable_per_transport():

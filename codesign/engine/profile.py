@@ -3,10 +3,12 @@
 Runs in its own process (`python -m codesign.engine.profile OUT.json`), the platform and the
 virtual device count set in the environment before JAX starts. It times, on one device, each
 ZHEN mixer's forward and backward at three micro-batch sizes (a line through them gives the
-effective FLOP/s and the fixed cost per call), a memory copy (bandwidth) and a tiny program
-(the host's cost per dispatch); across the local devices, the aggregate speed of 1, 2, 4, 8
-devices busy at once (virtual CPU devices share the machine's cores), all-reduces (the link's
-bandwidth and latency) and the scratch XLA gives a compiled step. Each time is a median.
+effective FLOP/s and the fixed cost per call), a memory copy (bandwidth), the folded DOT's
+kernel scatter (gather bandwidth) and a program call (the host's cost per dispatch); across the
+local devices, the aggregate speed of 1, 2, 4, 8 devices busy at once (virtual CPU devices
+share the machine's cores), all-reduces (the link's bandwidth and latency) and the scratch XLA
+gives a compiled step. Then it fits the result to real training steps of a probe model.
+Micro-benchmarks keep their fastest time, whole steps their median.
 """
 
 from __future__ import annotations
@@ -179,11 +181,12 @@ def link(repeats: int, calls: int = 32) -> Link | None:
 def update_scratch(platform: str) -> float:
     """Gradient-sized scratch buffers, beyond the gradients, that XLA gives a compiled pp = 1
     training step (loss, gradients and Adam in one program, state donated), per its memory
-    analysis of the probe model at one sample (activations negligible)."""
+    analysis of the probe model at one sample (activations negligible), without a DOT mixer
+    (the cost model counts the folded DOT's backward scratch apart)."""
     import optax
 
     (f_in, out, emb), _ = PROBE[platform]
-    model = ModelSpec(f_in, emb, out, 2, (tuple(MIXERS),) * 2)
+    model = ModelSpec(f_in, emb, out, 2, (tuple(m for m in MIXERS if m != "DOT"),) * 2)
     job = Job(model, ClusterSpec(1, 1, "NVLink", platform), TrainingSpec(1, 2), ParallelSpec("probe", (1,)), 1,
               platform)
     params = nn.meta.unbox(jax.eval_shape(lambda k: network.init_params(model, k), jax.random.key(0)))
@@ -220,33 +223,25 @@ def rescaled(profile: DeviceProfile, fixed: float, flops: float) -> DeviceProfil
 def calibrate(profile: DeviceProfile, platform: str, repeats: int) -> DeviceProfile:
     """Fit the probed profile to real training steps of the probe model. Mixers probed one by
     one are not a compiled step (fused, scheduled together): on one device at two batch sizes,
-    measured = a * fixed costs + b * FLOP-proportional costs gives the two factors. Then data
-    parallel over two devices gives the effective latency of one gradient all-reduce call."""
+    measured = a * fixed costs + b * FLOP-proportional costs gives the two factors. (The link
+    keeps its micro-benchmark: fitted to one data-parallel step, it followed the machine's load.)"""
     (f_in, out, emb), sizes = PROBE[platform]
     model = ModelSpec(f_in, emb, out, 2, (tuple(MIXERS),) * 2)
 
-    def probe(batch: int, devices: int) -> Job:
-        return Job(model, ClusterSpec(1, devices, "NVLink", platform), TrainingSpec(batch, 3),
-                   ParallelSpec("probe", (1,), pp_dp_op=(1, devices, 1)), 1, platform)
+    def probe(batch: int) -> Job:
+        return Job(model, ClusterSpec(1, 1, "NVLink", platform), TrainingSpec(batch, 3),
+                   ParallelSpec("probe", (1,), pp_dp_op=(1, 1, 1)), 1, platform)
 
     no_flops = rescaled(profile, 1.0, 1e-9)
     parts, measured = [], []
     for batch in (sizes[0], sizes[-1]):
-        job, plan = probe(batch, 1), make_plan(probe(batch, 1))
+        job = probe(batch)
+        plan = make_plan(job)
         total, fixed = (estimate(Workload.of(job, p), plan).seconds for p in (profile, no_flops))
         parts.append((fixed, total - fixed))
         measured.append(step_time(job, repeats))
     a, b = np.clip(np.linalg.lstsq(np.array(parts), np.array(measured), rcond=None)[0], 0.05, 20.0)
-    profile = rescaled(profile, float(a), float(b))
-    if profile.link is None or len(jax.devices()) < 2:
-        return profile
-    job = probe(sizes[-1] // 2, 2)
-    w = Workload.of(job, profile)
-    e = estimate(w, make_plan(job))
-    sync = sum(e.communication.values())
-    calls = w.gradient_calls(range(model.num_zhen_layers)) * 2
-    latency = (step_time(job, repeats) - (e.seconds - sync)) / calls
-    return dataclasses.replace(profile, link=Link(profile.link.bandwidth, max(latency, profile.link.latency)))
+    return rescaled(profile, float(a), float(b))
 
 
 def device_memory(device) -> int:
@@ -270,12 +265,11 @@ def measure(repeats: int = 5) -> DeviceProfile:
             log.info("  %s %s: %s", precision, kind, table[-1][1])
         rates.append((precision, tuple(table)))
     probed = DeviceProfile(kind=device.device_kind if platform == "gpu" else "cpu", platform=platform,
-                         memory=device_memory(device), rates=tuple(rates), bandwidth=bw,
-                         gather_bandwidth=gather_bandwidth(platform, repeats), dispatch=dispatch,
-                         speedup=tuple(points) if platform == "cpu" else (), link=link(repeats),
-                         update_scratch=update_scratch(platform), combines_collectives=platform == "gpu",
-                         roofline=False,
-                         versions=tuple(sorted(library_versions().items())), source="measured")
+                           memory=device_memory(device), rates=tuple(rates), bandwidth=bw,
+                           gather_bandwidth=gather_bandwidth(platform, repeats), dispatch=dispatch,
+                           speedup=tuple(points) if platform == "cpu" else (), link=link(repeats),
+                           update_scratch=update_scratch(platform), combines_collectives=platform == "gpu",
+                           roofline=False, versions=tuple(sorted(library_versions().items())), source="measured")
     profile = calibrate(probed, platform, repeats)
     log.info("  calibrated on real steps: Adam's bandwidth %.3g B/s, FLOP rates x %.2f, link %s",
              profile.bandwidth, profile.rate("fp32", "DOT").forward / probed.rate("fp32", "DOT").forward,

@@ -297,9 +297,10 @@ def stage_memory(w: Workload, layers: Sequence[int], groups: Sequence[Sequence[i
     """Peak bytes per device of a stage: fp32 parameters, gradients and Adam's two moments
     (gradients and moments 1/dp under ZeRO-2), `in_flight` micro-batches' residuals (with remat,
     only each group's input carry), and workspace: the batch data the first (inputs) and last
-    (targets) stage hold, plus scratch: one layer's working set (and, accumulating micro-batches
-    in one fused step, the accumulator) or the update's scratch, whichever is larger (the update
-    runs after the backward has freed the activations; a pipeline stage runs it apart)."""
+    (targets) stage hold, plus scratch: one layer's backward working set or the update's scratch,
+    whichever is larger (the update runs after the backward has freed the activations; a
+    pipeline stage runs it apart), and, accumulating micro-batches in one fused step, the
+    gradient accumulator."""
     params = stage_params(w, layers, mesh.op) * PARAM_BYTES
     grads = params / mesh.dp if zero else params
     samples = w.micro_batch / mesh.batch_shards
@@ -307,11 +308,11 @@ def stage_memory(w: Workload, layers: Sequence[int], groups: Sequence[Sequence[i
     per_layer = {i: samples * w.activation_bytes * _split(w.layers[i], split) for i in layers}
     carry = {i: samples * w.activation_bytes * _carry_in(w.model, i) for i in layers}
     # The folded DOT kernel: a residual of each micro-batch when a stage's forward hands its
-    # residuals out of the program (pp > 1); its gradient and the scatter back into the full
-    # kernel are the backward's scratch. Inside one fused step XLA keeps one copy (update_scratch).
-    folded = {i: 0.0 if fused else w.layers[i].folded_kernel / mesh.op * PARAM_BYTES for i in layers}
-    backward = {i: 2 * folded[i] + (w.layers[i].sharded_params / mesh.op * PARAM_BYTES if folded[i] else 0.0)
-                for i in layers}
+    # residuals out of the program (pp > 1); with the scatter of its gradient back into the
+    # full kernel, the backward's scratch.
+    kernel = {i: w.layers[i].folded_kernel / mesh.op * PARAM_BYTES for i in layers}
+    folded = {i: 0.0 if fused else kernel[i] for i in layers}
+    backward = {i: kernel[i] + w.layers[i].kernel_scatter / mesh.op * PARAM_BYTES for i in layers}
     if remat:
         kept = sum(carry[g[0]] for g in groups)
         working = max(sum(per_layer[i] for i in g) + max(backward[i] for i in g) for g in groups)
@@ -323,8 +324,8 @@ def stage_memory(w: Workload, layers: Sequence[int], groups: Sequence[Sequence[i
         (counts.input_width(w.model) if first else 0) + (counts.output_width(w.model) if last else 0))
     activations = in_flight * kept
     update = w.profile.update_scratch * grads
-    if fused:  # the update runs once the backward has freed the activations
-        scratch = max(working + (grads if w.micro_batches > 1 else 0.0), update - activations)
+    if fused:  # the update runs once the backward has freed the activations; the accumulator stays
+        scratch = max(working, update - activations) + (grads if w.micro_batches > 1 else 0.0)
     else:
         scratch = max(working, update)
     return Memory(params=params, grads=grads, adam=2 * grads, activations=activations, workspace=data + scratch)

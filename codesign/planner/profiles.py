@@ -119,12 +119,15 @@ BUILTIN: dict[str, DeviceProfile] = {
     "H100": _gpu("H100", 80, 989e12, 495e12, 3.35e12),
     "H200": _gpu("H200", 141, 989e12, 495e12, 4.8e12),
     "A100": _gpu("A100", 80, 312e12, 156e12, 2.04e12),
-    # This kind of machine's CPU before `codesign profile` measured it: two cores shared by the
-    # virtual devices; figures of the same order as a measured profile, refined by measurement.
+    # This machine's CPU (2 cores) as `codesign profile` measured it (loaded by other processes,
+    # 2026-11-26): what tests and a sweep with CODESIGN_PROFILE=builtin price with.
     "cpu": DeviceProfile(kind="cpu", platform="cpu", memory=8 * 2**30,
-                         rates=(("fp32", _uniform(20e9, 60e-6, 2e9)),),
-                         bandwidth=5e9, gather_bandwidth=1e9, dispatch=100e-6, speedup=((1, 1.0), (2, 1.3), (4, 1.4), (8, 1.4)),
-                         link=Link(4e9, 20e-6), update_scratch=1.5, combines_collectives=False, roofline=False),
+                         rates=(("fp32", (("DOT", Rate(7e10, 8e10, 8e-5)), ("LINEAR", Rate(7.5e10, 8e9, 5e-6)),
+                                          ("ATTENTION", Rate(4e10, 1.7e10, 1e-6)),
+                                          ("CONVOLUTION", Rate(7e8, 1e9, 3e-5)), (LAYER, Rate(4.7e10, 4e10, 4e-6)))),),
+                         bandwidth=9e9, gather_bandwidth=2e9, dispatch=1e-4,
+                         speedup=((1, 1.0), (2, 1.1), (4, 1.0), (8, 1.0)), link=Link(2e9, 1.2e-5),
+                         combines_collectives=False, roofline=False),
 }
 
 
