@@ -2,9 +2,9 @@
 
 Runs in its own process (`python -m codesign.engine.profile OUT.json`), the platform and the
 virtual device count set in the environment before JAX starts. It times, on one device, each
-ZHEN mixer's forward and backward at three micro-batch sizes (a line through them gives the
-effective FLOP/s and the fixed cost per call), a memory copy (bandwidth), the folded DOT's
-kernel scatter (gather bandwidth) and a program call (the host's cost per dispatch); across the
+ZHEN mixer (in a one-mixer ZHEN layer, the model's own code path) forward and backward at three
+micro-batch sizes (a line through them gives the effective FLOP/s and the fixed cost per call),
+a memory copy (bandwidth) and a program call (the host's cost per dispatch); across the
 local devices, the aggregate speed of 1, 2, 4, 8 devices busy at once (virtual CPU devices
 share the machine's cores), all-reduces (the link's bandwidth and latency) and the scratch XLA
 gives a compiled step. Then it fits the result to real training steps of a probe model.
@@ -113,15 +113,6 @@ def bandwidth(repeats: int) -> float:
     x = jnp.ones((16 * 2**20,), jnp.float32)
     f = jax.jit(lambda a: a * 1.0001 + 1.0)
     return 2 * x.nbytes / median_time(lambda: f(x), repeats)
-
-
-def gather_bandwidth(platform: str, repeats: int) -> float:
-    """Bytes/s of the folded DOT's kernel traffic: its backward at one sample, a kernel as wide
-    as a first layer's (the scatter into the full kernel's gradient dominates)."""
-    f_in = {"cpu": 64, "gpu": 512}[platform]
-    module = OneMixerLayer("DOT", f_in, 4, 8, jnp.float32)
-    _, backward = call_times(module, jnp.ones((1, 8, f_in), jnp.float32), repeats)
-    return 4 * counts.mixer_work("DOT", f_in, 4, 8).kernel_scatter / backward
 
 
 def dispatch_time(repeats: int, arrays: int = 64) -> float:
@@ -266,7 +257,7 @@ def measure(repeats: int = 5) -> DeviceProfile:
         rates.append((precision, tuple(table)))
     probed = DeviceProfile(kind=device.device_kind if platform == "gpu" else "cpu", platform=platform,
                            memory=device_memory(device), rates=tuple(rates), bandwidth=bw,
-                           gather_bandwidth=gather_bandwidth(platform, repeats), dispatch=dispatch,
+                           dispatch=dispatch,
                            speedup=tuple(points) if platform == "cpu" else (), link=link(repeats),
                            update_scratch=update_scratch(platform), combines_collectives=platform == "gpu",
                            roofline=False, versions=tuple(sorted(library_versions().items())), source="measured")

@@ -32,6 +32,10 @@ from codesign.zhen import counts
 PARAM_BYTES = 4  # master weights, gradients and Adam's moments stay fp32 under bf16
 ADAM_TRAFFIC = 8  # param-sized arrays read or written by one update: p, g, m, v in; p, m, v, zeroed g out
 ACTIVATION_BYTES = {"fp32": 4, "bf16": 2}
+# The block-folded DOT's kernel traffic per call, in kernel-sized fp32 arrays: the forward reads
+# the kernel and its mirror to fold the rows (and writes them); the backward writes the folded
+# gradient's zero-filled square, reads it and its mirror and writes the kernel's gradient.
+FOLD_FORWARD, FOLD_BACKWARD = 3, 4
 
 
 # -- value types -----------------------------------------------------------------------------
@@ -152,13 +156,13 @@ class Workload:
 
     @classmethod
     def of(cls, job: Job, profile: DeviceProfile, links: Iterable[LinkSpec] = ()) -> Workload:
-        m = job.model
+        m, fold = job.model, job.training.fold_dot
         intra, inter = cluster_links(profile, job.cluster, links)
-        mixers = tuple(tuple((k, counts.mixer_work(k, *_widths(m, i))) for k in m.tokens[i])
+        mixers = tuple(tuple((k, counts.mixer_work(k, *_widths(m, i), fold)) for k in m.tokens[i])
                        for i in range(m.num_zhen_layers))
         layers = range(m.num_zhen_layers)
         return cls(m, job.cluster, job.training.precision, job.global_batch, job.num_micro_batches,
-                   profile, intra, inter, tuple(counts.layer_work(m, i) for i in layers),
+                   profile, intra, inter, tuple(counts.layer_work(m, i, fold) for i in layers),
                    tuple(counts.layer_own_work(m, i) for i in layers), mixers)
 
     @property
@@ -178,8 +182,8 @@ class Workload:
     def collective(self, kind, nbytes: float, devices: Sequence[int], calls: int = 1) -> float:
         return hierarchical(kind, nbytes, *self.group(devices), self.intra, self.inter, calls)
 
-    def gradient_calls(self, layers: Sequence[int]) -> int:
-        """Collectives one gradient sync makes: one per parameter array, unless XLA combines them."""
+    def gather_calls(self, layers: Sequence[int]) -> int:
+        """All-gathers of ZeRO-2's updated parameters: one per parameter array, unless XLA combines them."""
         return 1 if self.profile.combines_collectives else sum(self.layers[i].tensors for i in layers)
 
 
@@ -232,10 +236,9 @@ def stage_compute(w: Workload, layers: Sequence[int], mesh: Submesh, remat: bool
             rate = p.rate(w.precision, kind)
             flops = samples * (work.flops - work.sharded_flops + work.sharded_flops / split)
             traffic = samples * w.activation_bytes * _split(work, split) / (p.bandwidth * share) if p.roofline else 0
-            gather = PARAM_BYTES / mesh.op / (p.gather_bandwidth * share)  # the folded DOT's kernel
-            fwd += call_time(flops, rate.forward, rate.overhead, share) + traffic + 3 * work.folded_kernel * gather
-            bwd += call_time(2 * flops, rate.backward, 2 * rate.overhead, share) + 3 * traffic + (
-                work.kernel_scatter * gather)
+            fold = work.fold_kernel * PARAM_BYTES / mesh.op / (p.bandwidth * share)
+            fwd += call_time(flops, rate.forward, rate.overhead, share) + traffic + FOLD_FORWARD * fold
+            bwd += call_time(2 * flops, rate.backward, 2 * rate.overhead, share) + 3 * traffic + FOLD_BACKWARD * fold
             if work.sharded_flops and mesh.op > 1:
                 collective, seconds = _op_collective(w, work, samples, mesh)
                 comm[collective] += seconds
@@ -272,14 +275,16 @@ def stage_params(w: Workload, layers: Sequence[int], op: int) -> float:
 
 
 def gradient_sync(w: Workload, layers: Sequence[int], mesh: Submesh, zero: bool) -> tuple[str, float]:
-    """The gradient collective each micro-batch's backward ends with (the engine reduces into the
-    accumulator's sharding every micro-batch): over dp, or over op when the batch is on op."""
+    """The gradient collective each micro-batch's backward ends with, over dp (or over op when the
+    batch is on op). The compiled pp = 1 step of a dp = 2, 2 micro-batch job shows it: one
+    all-reduce of all the gradients (XLA's combiner makes it a single tuple all-reduce) inside
+    the accumulation loop, so once per micro-batch, not once per step. Under ZeRO-2 a GPU
+    reduce-scatters; XLA:CPU all-reduces there too and each device keeps its shard."""
     nbytes = stage_params(w, layers, mesh.op) * PARAM_BYTES
     group = mesh.dp_group if mesh.batch_axis == "dp" else mesh.op_group
-    calls = w.gradient_calls(layers)
-    if zero and mesh.batch_axis == "dp":
-        return "dp reduce-scatter", w.collective(reduce_scatter, nbytes, group, calls)
-    return f"{mesh.batch_axis} all-reduce", w.collective(all_reduce, nbytes, group, calls)
+    if zero and mesh.batch_axis == "dp" and w.profile.platform != "cpu":
+        return "dp reduce-scatter", w.collective(reduce_scatter, nbytes, group)
+    return f"{mesh.batch_axis} all-reduce", w.collective(all_reduce, nbytes, group)
 
 
 def stage_update(w: Workload, layers: Sequence[int], mesh: Submesh, zero: bool) -> tuple[float, float]:
@@ -287,7 +292,7 @@ def stage_update(w: Workload, layers: Sequence[int], mesh: Submesh, zero: bool) 
     param_bytes = stage_params(w, layers, mesh.op) * PARAM_BYTES
     if not zero or mesh.dp == 1:
         return adam_time(param_bytes, w.profile), 0.0
-    gather = w.collective(all_gather, param_bytes, mesh.dp_group, w.gradient_calls(layers))
+    gather = w.collective(all_gather, param_bytes, mesh.dp_group, w.gather_calls(layers))
     return adam_time(param_bytes / mesh.dp, w.profile) + gather, gather
 
 
@@ -307,12 +312,12 @@ def stage_memory(w: Workload, layers: Sequence[int], groups: Sequence[Sequence[i
     split = mesh.op if mesh.batch_axis == "dp" else 1
     per_layer = {i: samples * w.activation_bytes * _split(w.layers[i], split) for i in layers}
     carry = {i: samples * w.activation_bytes * _carry_in(w.model, i) for i in layers}
-    # The folded DOT kernel: a residual of each micro-batch when a stage's forward hands its
-    # residuals out of the program (pp > 1); with the scatter of its gradient back into the
-    # full kernel, the backward's scratch.
-    kernel = {i: w.layers[i].folded_kernel / mesh.op * PARAM_BYTES for i in layers}
-    folded = {i: 0.0 if fused else kernel[i] for i in layers}
-    backward = {i: kernel[i] + w.layers[i].kernel_scatter / mesh.op * PARAM_BYTES for i in layers}
+    # The block-folded DOT (fold_dot): its folded rows, a residual of each micro-batch when a
+    # stage's forward hands its residuals out of the program (pp > 1); with its gradient's
+    # zero-filled square and the unfolded kernel gradient (two fp32 kernels), the backward's scratch.
+    rows = {i: w.layers[i].fold_rows / mesh.op * w.activation_bytes for i in layers}
+    folded = {i: 0.0 if fused else rows[i] for i in layers}
+    backward = {i: rows[i] + 2 * w.layers[i].fold_kernel / mesh.op * PARAM_BYTES for i in layers}
     if remat:
         kept = sum(carry[g[0]] for g in groups)
         working = max(sum(per_layer[i] for i in g) + max(backward[i] for i in g) for g in groups)

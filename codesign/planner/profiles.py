@@ -48,12 +48,11 @@ class DeviceProfile:
     memory: int  # bytes per device
     rates: tuple[tuple[str, tuple[tuple[str, Rate], ...]], ...]  # precision -> (mixer kind | LAYER -> Rate)
     bandwidth: float  # memory bytes/s (Adam's update, activation traffic)
-    gather_bandwidth: float  # bytes/s of the folded DOT's kernel gathers and scatters
     dispatch: float  # seconds the host spends per program call
     speedup: tuple[tuple[int, float], ...] = ()  # n busy devices -> aggregate speed vs one; () = independent
     link: Link | None = None  # between local devices (CPU); GPUs use the transport's links
     update_scratch: float = 0.0  # gradient-sized scratch buffers of a compiled pp = 1 step, beyond the gradients
-    combines_collectives: bool = True  # XLA merges a step's gradient collectives (GPU); CPU: one per array
+    combines_collectives: bool = True  # XLA merges ZeRO-2's parameter all-gathers (GPU); CPU: one per array
     roofline: bool = True  # rates count FLOPs only, activation traffic is added at `bandwidth`;
     # False: measured rates already include the traffic at the probed widths
     versions: tuple[tuple[str, str], ...] = ()
@@ -81,8 +80,7 @@ class DeviceProfile:
     def from_dict(cls, data: Mapping[str, Any]) -> DeviceProfile:
         rates = tuple((p, tuple((k, Rate(**r)) for k, r in table.items())) for p, table in data["rates"].items())
         return cls(kind=data["kind"], platform=data["platform"], memory=int(data["memory"]), rates=rates,
-                   bandwidth=float(data["bandwidth"]), gather_bandwidth=float(data.get("gather_bandwidth", data["bandwidth"])),
-                   dispatch=float(data["dispatch"]),
+                   bandwidth=float(data["bandwidth"]), dispatch=float(data["dispatch"]),
                    speedup=tuple((int(n), float(s)) for n, s in data.get("speedup", ())),
                    link=Link(**data["link"]) if data.get("link") else None,
                    update_scratch=float(data.get("update_scratch", 0.0)),
@@ -105,14 +103,15 @@ def _uniform(matmul: float, overhead: float, elementwise: float) -> tuple[tuple[
 
 def _gpu(kind: str, memory_gib: float, bf16: float, tf32: float, bandwidth: float) -> DeviceProfile:
     """A GPU from its dense peak FLOP/s (bf16, and TF32 for fp32) and HBM bandwidth. The
-    efficiencies (40% of peak for the mixers' FLOPs, 80% of HBM, 70 us per mixer call) reproduce
-    the seed model's measured steps within 7% (../shared/perf/README.md: H200 14.2 ms bf16,
-    21.4 ms fp32; H100 16.5 ms, 24.3 ms at batch 1024); tests/test_cost.py checks that."""
-    launch = 70e-6  # the kernels of one mixer call, and the gaps between them
+    efficiencies (50% of peak for the mixers' FLOPs, as the profiled H200 step's matrix products
+    ran; 90% of HBM for streaming element-wise work; 40 us per mixer call) reproduce the seed
+    model's measured steps (DOT as defined) within 4% (../shared/perf/README.md, batch 1024:
+    H200 bf16 11.39 ms; H100 bf16 12.95 ms, fp32 21.24 ms); tests/test_cost.py checks that."""
+    launch = 40e-6  # the kernels of one mixer call, and the gaps between them
     return DeviceProfile(kind=kind, platform="gpu", memory=int(memory_gib * 2**30),
-                         rates=(("bf16", _uniform(0.4 * bf16, launch, 0.1 * bf16)),
-                                ("fp32", _uniform(0.4 * tf32, launch, 0.1 * tf32))),
-                         bandwidth=0.8 * bandwidth, gather_bandwidth=0.8 * bandwidth, dispatch=30e-6)
+                         rates=(("bf16", _uniform(0.5 * bf16, launch, 0.1 * bf16)),
+                                ("fp32", _uniform(0.5 * tf32, launch, 0.1 * tf32))),
+                         bandwidth=0.9 * bandwidth, dispatch=30e-6)
 
 
 BUILTIN: dict[str, DeviceProfile] = {
@@ -125,7 +124,7 @@ BUILTIN: dict[str, DeviceProfile] = {
                          rates=(("fp32", (("DOT", Rate(7e10, 8e10, 8e-5)), ("LINEAR", Rate(7.5e10, 8e9, 5e-6)),
                                           ("ATTENTION", Rate(4e10, 1.7e10, 1e-6)),
                                           ("CONVOLUTION", Rate(7e8, 1e9, 3e-5)), (LAYER, Rate(4.7e10, 4e10, 4e-6)))),),
-                         bandwidth=9e9, gather_bandwidth=2e9, dispatch=1e-4,
+                         bandwidth=9e9, dispatch=1e-4,
                          speedup=((1, 1.0), (2, 1.1), (4, 1.0), (8, 1.0)), link=Link(2e9, 1.2e-5),
                          combines_collectives=False, roofline=False),
 }
