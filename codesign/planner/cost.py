@@ -31,6 +31,7 @@ from codesign.zhen import counts
 
 PARAM_BYTES = 4  # master weights, gradients and Adam's moments stay fp32 under bf16
 ADAM_TRAFFIC = 8  # param-sized arrays read or written by one update: p, g, m, v in; p, m, v, zeroed g out
+ACCUMULATE_TRAFFIC = 3  # gradient-sized arrays per accumulated micro-batch: its gradients and the sum in, the sum out
 ACTIVATION_BYTES = {"fp32": 4, "bf16": 2}
 # The block-folded DOT's kernel traffic per call, in kernel-sized fp32 arrays: the forward reads
 # the kernel and its mirror to fold the rows (and writes them); the backward writes the folded
@@ -132,8 +133,15 @@ def call_time(flops: float, rate: float, overhead: float, share: float = 1.0) ->
     return (overhead + flops / rate) / share
 
 
-def adam_time(param_bytes: float, profile: DeviceProfile) -> float:
-    return profile.dispatch + ADAM_TRAFFIC * param_bytes / profile.bandwidth
+def adam_time(param_bytes: float, profile: DeviceProfile, share: float = 1.0) -> float:
+    """Adam's update as memory traffic, at the share of the memory system its device gets (every
+    device of a dp group updates its replica at once)."""
+    return profile.dispatch + ADAM_TRAFFIC * param_bytes / (profile.bandwidth * share)
+
+
+def accumulate_time(grad_bytes: float, profile: DeviceProfile, share: float, micro_batches: int) -> float:
+    """Seconds per micro-batch adding its gradients into the accumulator (none for one micro-batch)."""
+    return 0.0 if micro_batches == 1 else ACCUMULATE_TRAFFIC * grad_bytes / (profile.bandwidth * share)
 
 
 # -- feeders ---------------------------------------------------------------------------------
@@ -287,13 +295,15 @@ def gradient_sync(w: Workload, layers: Sequence[int], mesh: Submesh, zero: bool)
     return f"{mesh.batch_axis} all-reduce", w.collective(all_reduce, nbytes, group)
 
 
-def stage_update(w: Workload, layers: Sequence[int], mesh: Submesh, zero: bool) -> tuple[float, float]:
+def stage_update(w: Workload, layers: Sequence[int], mesh: Submesh, zero: bool,
+                 busy: int) -> tuple[float, float]:
     """Adam's step on the stage: (seconds, of which the ZeRO-2 parameter all-gather)."""
     param_bytes = stage_params(w, layers, mesh.op) * PARAM_BYTES
+    share = w.profile.share(busy)
     if not zero or mesh.dp == 1:
-        return adam_time(param_bytes, w.profile), 0.0
+        return adam_time(param_bytes, w.profile, share), 0.0
     gather = w.collective(all_gather, param_bytes, mesh.dp_group, w.gather_calls(layers))
-    return adam_time(param_bytes / mesh.dp, w.profile) + gather, gather
+    return adam_time(param_bytes / mesh.dp, w.profile, share) + gather, gather
 
 
 def stage_memory(w: Workload, layers: Sequence[int], groups: Sequence[Sequence[int]], mesh: Submesh,
@@ -310,7 +320,8 @@ def stage_memory(w: Workload, layers: Sequence[int], groups: Sequence[Sequence[i
     grads = params / mesh.dp if zero else params
     samples = w.micro_batch / mesh.batch_shards
     split = mesh.op if mesh.batch_axis == "dp" else 1
-    per_layer = {i: samples * w.activation_bytes * _split(w.layers[i], split) for i in layers}
+    per_layer = {i: samples * w.activation_bytes * (_split(w.layers[i], split) + (0 if fused else w.layers[i].relu / split))
+                 for i in layers}
     carry = {i: samples * w.activation_bytes * _carry_in(w.model, i) for i in layers}
     # The block-folded DOT (fold_dot): its folded rows, a residual of each micro-batch when a
     # stage's forward hands its residuals out of the program (pp > 1); with its gradient's
@@ -369,7 +380,7 @@ def _stage_cost(w: Workload, plan: Plan, index: int, busy: int) -> StageCost:
     mesh = Submesh.of(stage, plan.batch_axis)
     fwd, bwd, comm = stage_compute(w, stage.layers, mesh, plan.remat, busy)
     sync_kind, sync = gradient_sync(w, stage.layers, mesh, plan.reduce_scatter)
-    update, gather = stage_update(w, stage.layers, mesh, plan.reduce_scatter)
+    update, gather = stage_update(w, stage.layers, mesh, plan.reduce_scatter, busy)
     micro = plan.num_micro_batches
     in_flight = 1 if pp == 1 else max_in_flight(plan.schedule, pp, index, micro)
     memory = stage_memory(w, stage.layers, stage.groups, mesh, plan.remat, plan.reduce_scatter, in_flight,
@@ -381,7 +392,8 @@ def _stage_cost(w: Workload, plan: Plan, index: int, busy: int) -> StageCost:
     communication[sync_kind] = communication.get(sync_kind, 0.0) + micro * sync
     if gather:
         communication["dp all-gather (ZeRO-2)"] = gather
-    return StageCost(fwd, bwd + sync, update, communication, memory)
+    accumulate = accumulate_time(memory.grads, w.profile, w.profile.share(busy), micro)
+    return StageCost(fwd, bwd + sync + accumulate, update, communication, memory)
 
 
 def transfer_time(w: Workload, plan: Plan, index: int) -> float:
