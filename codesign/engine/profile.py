@@ -149,9 +149,10 @@ def speedup(repeats: int) -> tuple[float, list[tuple[int, float]]]:
     return peak, points
 
 
-def link(repeats: int, calls: int = 32) -> Link | None:
-    """All-reduces over every local device: one large (bandwidth), and `calls` small ones in one
-    program (latency per call, as a training step's many gradient all-reduces see it)."""
+def link(repeats: int) -> Link | None:
+    """All-reduces over every local device: a large one (bandwidth) and a small one against the
+    same program without the collective (latency: a step's gradients go as one combined
+    all-reduce, so one call's cost, not a share of many calls merged into one)."""
     devices = jax.devices()
     n = len(devices)
     if n < 2:
@@ -161,12 +162,12 @@ def link(repeats: int, calls: int = 32) -> Link | None:
     size = 2**22
     big = jax.device_put(jnp.ones((n, size // 4), jnp.float32), sharded)
     reduce = jax.jit(lambda a: jnp.sum(a, axis=0), out_shardings=replicated)
-    small = [jax.device_put(jnp.full((n, 16), float(i), jnp.float32), sharded) for i in range(calls)]
-    reduce_many = jax.jit(lambda xs: [jnp.sum(a, axis=0) for a in xs], out_shardings=replicated)
-    per_call = median_time(lambda: reduce_many(small), repeats) / calls
-    latency = max(per_call / (2 * (n - 1)), 1e-7)
-    moving = max(median_time(lambda: reduce(big), repeats) - per_call, 1e-9)
-    return Link(2 * (n - 1) / n * size / moving, latency)
+    small = jax.device_put(jnp.ones((n, 16), jnp.float32), sharded)
+    local = jax.jit(lambda a: a * 2.0, out_shardings=sharded)
+    reduce_small = median_time(lambda: reduce(small), repeats)
+    one_call = max(reduce_small - median_time(lambda: local(small), repeats), 1e-7)
+    moving = max(median_time(lambda: reduce(big), repeats) - reduce_small, 1e-9)
+    return Link(2 * (n - 1) / n * size / moving, one_call / (2 * (n - 1)))
 
 
 def update_scratch(platform: str) -> float:
