@@ -315,7 +315,8 @@ def stage_memory(w: Workload, layers: Sequence[int], groups: Sequence[Sequence[i
     (targets) stage hold, plus scratch: one layer's backward working set or the update's scratch,
     whichever is larger (the update runs after the backward has freed the activations; a
     pipeline stage runs it apart), and, accumulating micro-batches in one fused step, the
-    gradient accumulator."""
+    gradient accumulator; a pipeline stage's backward holds its micro-batch's gradients beside
+    the accumulated ones."""
     params = stage_params(w, layers, mesh.op) * PARAM_BYTES
     grads = params / mesh.dp if zero else params
     samples = w.micro_batch / mesh.batch_shards
@@ -342,8 +343,8 @@ def stage_memory(w: Workload, layers: Sequence[int], groups: Sequence[Sequence[i
     update = w.profile.update_scratch * grads
     if fused:  # the update runs once the backward has freed the activations; the accumulator stays
         scratch = max(working, update - activations) + (grads if w.micro_batches > 1 else 0.0)
-    else:
-        scratch = max(working, update)
+    else:  # a stage's backward program computes a micro-batch's gradients, then adds them to the sum
+        scratch = max(working + grads, update)
     return Memory(params=params, grads=grads, adam=2 * grads, activations=activations, workspace=data + scratch)
 
 
