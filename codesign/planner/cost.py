@@ -314,9 +314,9 @@ def stage_memory(w: Workload, layers: Sequence[int], groups: Sequence[Sequence[i
     only each group's input carry), and workspace: the batch data the first (inputs) and last
     (targets) stage hold, plus scratch: one layer's backward working set or the update's scratch,
     whichever is larger (the update runs after the backward has freed the activations; a
-    pipeline stage runs it apart), and, accumulating micro-batches in one fused step, the
-    gradient accumulator; a pipeline stage's backward holds its micro-batch's gradients beside
-    the accumulated ones."""
+    pipeline stage runs it apart), and, accumulating micro-batches or reducing under ZeRO-2, the
+    whole gradients of a micro-batch beside the accumulator (or, under ZeRO-2, beside their
+    shard); a pipeline stage's backward holds them beside the accumulated ones."""
     params = stage_params(w, layers, mesh.op) * PARAM_BYTES
     grads = params / mesh.dp if zero else params
     samples = w.micro_batch / mesh.batch_shards
@@ -341,10 +341,13 @@ def stage_memory(w: Workload, layers: Sequence[int], groups: Sequence[Sequence[i
         (counts.input_width(w.model) if first else 0) + (counts.output_width(w.model) if last else 0))
     activations = in_flight * kept
     update = w.profile.update_scratch * grads
-    if fused:  # the update runs once the backward has freed the activations; the accumulator stays
-        scratch = max(working, update - activations) + (grads if w.micro_batches > 1 else 0.0)
+    # A micro-batch's gradients as the backward computes them (whole, before any reduction),
+    # beside the ones kept: the accumulated sum, or under ZeRO-2 their shard.
+    local = params if (zero and mesh.dp > 1) or w.micro_batches > 1 else 0.0
+    if fused:  # the update runs once the backward has freed the activations
+        scratch = max(working, update - activations) + local
     else:  # a stage's backward program computes a micro-batch's gradients, then adds them to the sum
-        scratch = max(working + grads, update)
+        scratch = max(working + params, update)
     return Memory(params=params, grads=grads, adam=2 * grads, activations=activations, workspace=data + scratch)
 
 
