@@ -149,7 +149,7 @@ def test_any_plan_is_priced_and_stage_costs_add_up_over_layers():
 
 def test_cpu_profile_shares_cores_between_busy_devices():
     cpu = BUILTIN["cpu"]
-    assert cpu.share(1) == 1.0 and cpu.share(8) == pytest.approx(1.0 / 8)
+    assert cpu.share(1) == 1.0 and cpu.share(8) == pytest.approx(dict(cpu.speedup)[8] / 8) and cpu.share(8) < 0.2
     small = dict(model=SMALL, batch=16)
     one = priced(job(device="cpu", **small))
     eight = priced(job(device="cpu", per_host=8, pp_dp_op=(1, 8, 1), **small))

@@ -118,14 +118,16 @@ BUILTIN: dict[str, DeviceProfile] = {
     "H100": _gpu("H100", 80, 989e12, 495e12, 3.35e12),
     "H200": _gpu("H200", 141, 989e12, 495e12, 4.8e12),
     "A100": _gpu("A100", 80, 312e12, 156e12, 2.04e12),
-    # This machine's CPU (2 cores) as `codesign profile` measured it (loaded by other processes,
-    # 2026-11-26): what tests and a sweep with CODESIGN_PROFILE=builtin price with.
+    # This machine's CPU (2 cores) as `codesign profile` measured it, loaded by other processes
+    # (load ~7, 2026-11-26): the geometric mean of two measurements, which differed by up to 3x
+    # (the shared-core speed-up most); what tests and a sweep with CODESIGN_PROFILE=builtin price with.
     "cpu": DeviceProfile(kind="cpu", platform="cpu", memory=8 * 2**30,
-                         rates=(("fp32", (("DOT", Rate(7e10, 8e10, 8e-5)), ("LINEAR", Rate(7.5e10, 8e9, 5e-6)),
-                                          ("ATTENTION", Rate(4e10, 1.7e10, 1e-6)),
-                                          ("CONVOLUTION", Rate(7e8, 1e9, 3e-5)), (LAYER, Rate(4.7e10, 4e10, 4e-6)))),),
-                         bandwidth=9e9, dispatch=1e-4,
-                         speedup=((1, 1.0), (2, 1.1), (4, 1.0), (8, 1.0)), link=Link(2e9, 1.2e-5),
+                         rates=(("fp32", (("DOT", Rate(1.4e11, 7.7e10, 2.3e-5)), ("LINEAR", Rate(7.8e10, 1.6e10, 1.2e-4)),
+                                          ("ATTENTION", Rate(1e11, 2.5e10, 3.7e-5)),
+                                          ("CONVOLUTION", Rate(9.8e8, 1.3e9, 4.6e-5)),
+                                          (LAYER, Rate(1.1e11, 5.7e10, 7.3e-5)))),),
+                         bandwidth=1.2e10, dispatch=1.4e-4,
+                         speedup=((1, 1.0), (2, 0.64), (4, 0.75), (8, 1.08)), link=Link(1.9e9, 1.3e-5),
                          combines_collectives=False, roofline=False),
 }
 
