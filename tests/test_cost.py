@@ -240,3 +240,33 @@ def test_the_dot_as_defined_has_no_fold_terms_and_the_block_fold_is_priced_as_it
     scratch = [cost.stage_memory(w, (0,), ((0,),), mesh, False, False, 1, (True, True)).workspace
                for w in (w_defined, w_folded)]
     assert scratch[1] >= 2 * dot_folded.fold_kernel / 2 * cost.PARAM_BYTES > scratch[0] / 10
+
+
+def test_gradients_are_all_reduced_once_per_micro_batch_as_xla_compiles_the_step():
+    """The compiled pp = 1 step of dp = 2 with 2 micro-batches: one combined all-reduce of the
+    gradients inside the accumulation loop, none after it; the cost model charges the same."""
+    from tests.conftest import run_on_devices
+
+    proc = run_on_devices(2, """
+        import re
+        from codesign.engine.step import build_single_stage
+        from codesign.planner.plan import make_plan
+        from codesign.spec.types import ClusterSpec, Job, ModelSpec, ParallelSpec, TrainingSpec
+        model = ModelSpec(16, 8, 4, 2, (("DOT", "ATTENTION", "LINEAR"),) * 2)
+        job = Job(model, ClusterSpec(1, 2, "NVLink", "cpu"), TrainingSpec(8, 2),
+                  ParallelSpec("dp", (2,), pp_dp_op=(1, 2, 1)), 2, "cpu")
+        text = build_single_stage(job, make_plan(job)).compiled.as_text()
+        body = re.search(r"body=%?([\\w.\\-]+)", text).group(1)
+        where, name = {}, None
+        for line in text.splitlines():
+            if line.endswith("{") and not line.startswith(" "):
+                name = line.removeprefix("ENTRY ").split()[0].lstrip("%")
+            elif re.search(r" all-reduce(-start)?\\(", line):
+                where[name] = where.get(name, 0) + 1
+        print(where.get(body, 0), sum(where.values()))
+    """)
+    in_loop, total = map(int, proc.stdout.split())
+    assert (in_loop, total) == (1, 1)
+    priced2, priced1 = (priced(job(model=SMALL, batch=8, per_host=2, pp_dp_op=(1, 2, 1), micro=m, device="cpu"))
+                        for m in (2, 1))
+    assert priced2.communication["dp all-reduce"] == pytest.approx(2 * priced1.communication["dp all-reduce"])
