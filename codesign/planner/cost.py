@@ -261,6 +261,19 @@ def stage_compute(w: Workload, layers: Sequence[int], mesh: Submesh, remat: bool
     return fwd, bwd, comm
 
 
+def program_overheads(w: Workload, layers: Sequence[int], remat: bool, busy: int) -> float:
+    """The fixed costs per call that stage_compute charges one micro-batch (forward, backward and
+    a remat's recomputed forward). On CPU they are costs of running a program (the probe's
+    intercept: its thread pool, its buffers), paid once by a fused step however many
+    micro-batches its loop accumulates; a GPU pays them per kernel launch, every micro-batch."""
+    if w.profile.platform != "cpu":
+        return 0.0
+    calls = 4 if remat else 3
+    per_layer = [sum(w.profile.rate(w.precision, k).overhead for k, _ in w.mixers[i]) * calls
+                 + w.profile.rate(w.precision, LAYER).overhead * (calls - 1) for i in layers]
+    return sum(per_layer) / w.profile.share(busy)
+
+
 def _split(work: counts.Work, op: int) -> float:
     """Activation elements per sample one device keeps when the sharded ones are split over op."""
     return work.activations - work.sharded_activations + work.sharded_activations / op
@@ -368,7 +381,9 @@ def estimate(w: Workload, plan: Plan) -> Estimate:
             comm[kind] = comm.get(kind, 0.0) + seconds
     if pp == 1:
         only = stages[0]
-        seconds, bubble = w.profile.dispatch + micro * (only.forward + only.backward) + only.update, 0.0
+        repeated = (micro - 1) * program_overheads(w, plan.stages[0].layers, plan.remat, busy)
+        seconds = w.profile.dispatch + micro * (only.forward + only.backward) - repeated + only.update
+        bubble = 0.0
     else:
         ends, pipeline_end, comm["stage transfers"] = simulate(w, plan, stages)
         seconds = max(ends)

@@ -120,14 +120,16 @@ BUILTIN: dict[str, DeviceProfile] = {
     "A100": _gpu("A100", 80, 312e12, 156e12, 2.04e12),
     # This machine's CPU (2 cores) as `codesign profile` measured it, loaded by other processes
     # (load ~7, 2026-11-26): the geometric mean of two measurements, which differed by up to 3x
-    # (the shared-core speed-up most); what tests and a sweep with CODESIGN_PROFILE=builtin price with.
+    # (the shared-core speed-up most, measured below 1: other processes' load; n devices on
+    # shared cores at worst take turns, so it is at least 1); what tests and a sweep with
+    # CODESIGN_PROFILE=builtin price with.
     "cpu": DeviceProfile(kind="cpu", platform="cpu", memory=8 * 2**30,
                          rates=(("fp32", (("DOT", Rate(1.4e11, 7.7e10, 2.3e-5)), ("LINEAR", Rate(7.8e10, 1.6e10, 1.2e-4)),
                                           ("ATTENTION", Rate(1e11, 2.5e10, 3.7e-5)),
                                           ("CONVOLUTION", Rate(9.8e8, 1.3e9, 4.6e-5)),
                                           (LAYER, Rate(1.1e11, 5.7e10, 7.3e-5)))),),
                          bandwidth=1.2e10, dispatch=1.4e-4,
-                         speedup=((1, 1.0), (2, 0.64), (4, 0.75), (8, 1.08)), link=Link(1.9e9, 1.3e-5),
+                         speedup=((1, 1.0), (2, 1.0), (4, 1.0), (8, 1.08)), link=Link(1.9e9, 1.3e-5),
                          combines_collectives=False, roofline=False),
 }
 
