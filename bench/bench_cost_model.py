@@ -7,6 +7,10 @@ cost model from each attempt's job and the DB's device profiles (to try a model 
 measurements already made).
 
     python bench/bench_cost_model.py -d cost_cpu.db [--repredict]
+
+With --noise DB2 (the same jobs run again into another DB), it also prints how far the two
+runs' medians are apart, |median2 - median| / median, by plan kind: the measurement noise the
+prediction errors are to be read against.
 """
 
 from __future__ import annotations
@@ -45,6 +49,22 @@ def repredict(store: Store, rows: list[dict]) -> list[dict]:
     return [{**r, **predict(Job.from_dict(json.loads(r["all_configs"])), book)} for r in rows]
 
 
+def succeeded(db: str) -> list[dict]:
+    store = Store(db, read_only=True)
+    try:
+        return store.attempts((SUCCEEDED,))
+    finally:
+        store.close()
+
+
+def noise(db: str, again: str) -> list[dict]:
+    """One dict per job that succeeded in both DBs: its kind and |median2 - median| / median as "time"."""
+    first = {r["job_key"]: r for r in succeeded(db)}
+    return [{"platform": r["platform"], "kind": plan_kind(r), "memory": 0.0,
+             "time": abs(r["median"] - first[r["job_key"]]["median"]) / first[r["job_key"]]["median"]}
+            for r in succeeded(again) if r["job_key"] in first]
+
+
 def errors(db: str, fresh: bool = False) -> list[dict]:
     """One dict per succeeded attempt with a prediction: platform, kind, time and memory errors."""
     store = Store(db, read_only=True)
@@ -69,6 +89,7 @@ def main() -> int:
     parser.add_argument("-d", "--db", default="results.db")
     parser.add_argument("--repredict", action="store_true", help="Predict again with the current cost model.")
     parser.add_argument("-v", "--verbose", action="store_true", help="Also print every attempt's errors.")
+    parser.add_argument("--noise", metavar="DB2", help="The same jobs run again: print the run-to-run differences.")
     args = parser.parse_args()
     found = errors(args.db, args.repredict)
     if args.verbose:
@@ -77,6 +98,14 @@ def main() -> int:
     if not found:
         print(f"{args.db}: no succeeded attempt with a prediction", file=sys.stderr)
         return 1
+    print_table(found)
+    if args.noise:
+        print(f"\nrun-to-run difference of the step time, {args.db} against {args.noise}:")
+        print_table(noise(args.db, args.noise))
+    return 0
+
+
+def print_table(found: list[dict]) -> None:
     groups: dict[str, list[dict]] = defaultdict(list)
     for e in found:
         groups["all"].append(e)
@@ -87,7 +116,6 @@ def main() -> int:
         s = summary(groups[name])
         print(f"{name:40} {s['n']:>4} {s['time_median']:>9.1%} {s['time_p90']:>9.1%} "
               f"{s['memory_median']:>9.1%} {s['memory_p90']:>9.1%}")
-    return 0
 
 
 if __name__ == "__main__":

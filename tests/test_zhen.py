@@ -150,7 +150,7 @@ def test_bf16_keeps_no_fp32_copy_of_the_gram_matrix(fold):
 
 @pytest.mark.parametrize("spec", [SEED, ModelSpec(16, 8, 4, 3, (("DOT", "CONVOLUTION"), ("ATTENTION",), ("LINEAR", "DOT")))])
 def test_layer_work_matches_the_built_layers(spec):
-    """The cost model's per-layer counts: parameters, parameter arrays (one gradient collective
+    """The cost model's per-layer counts: parameters, parameter arrays (one ZeRO-2 all-gather
     each on CPU) and the "mlp"-sharded parameters, against the built model's own tree."""
     boxed = jax.eval_shape(lambda k: network.init_params(spec, k), jax.random.key(0))
     specs = nn.get_partition_spec(boxed)

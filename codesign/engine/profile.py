@@ -2,11 +2,13 @@
 
 Runs in its own process (`python -m codesign.engine.profile OUT.json`), the platform and the
 virtual device count set in the environment before JAX starts. It times, on one device, each
-ZHEN mixer's forward and backward at three micro-batch sizes (a line through them gives the
-effective FLOP/s and the fixed cost per call), a memory copy (bandwidth) and a tiny program
-(the host's cost per dispatch); across the local devices, the aggregate speed of 1, 2, 4, 8
-devices busy at once (virtual CPU devices share the machine's cores), all-reduces (the link's
-bandwidth and latency) and the scratch XLA gives a compiled step. Each time is a median.
+ZHEN mixer (in a one-mixer ZHEN layer, the model's own code path) forward and backward at three
+micro-batch sizes (a line through them gives the effective FLOP/s and the fixed cost per call),
+an Adam update (memory bandwidth) and a program call (the host's cost per dispatch); across the
+local devices, the aggregate speed of 1, 2, 4, 8 devices busy at once (virtual CPU devices
+share the machine's cores), all-reduces (the link's bandwidth and latency) and the scratch XLA
+gives a compiled step. Then it fits the result to real training steps of a probe model.
+Micro-benchmarks keep their fastest time, whole steps their median.
 """
 
 from __future__ import annotations
@@ -22,13 +24,14 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import psutil
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from codesign.engine.programs import DTYPES
 from codesign.engine.step import accumulate, build_single_stage, loss_fn
-from codesign.planner.cost import Workload, estimate
+from codesign.planner.cost import ADAM_TRAFFIC, Workload, estimate
 from codesign.planner.plan import make_plan
 from codesign.planner.profiles import LAYER, DeviceProfile, Link, Rate, library_versions
 from codesign.spec.types import (
@@ -106,20 +109,27 @@ class OneMixerLayer(nn.Module):
         return network.ZhenBlock(spec, 0, self.dtype)((z, None))[1]
 
 
-def bandwidth(repeats: int) -> float:
-    """Bytes/s of a large element-wise op (read and write)."""
-    x = jnp.ones((16 * 2**20,), jnp.float32)
-    f = jax.jit(lambda a: a * 1.0001 + 1.0)
-    return 2 * x.nbytes / median_time(lambda: f(x), repeats)
+def bandwidth(repeats: int, size: int = 2**21) -> float:
+    """Bytes/s of what the cost model prices as memory traffic: an Adam update of `size` fp32
+    parameters with its state donated (updated in place, as the step does), ADAM_TRAFFIC
+    parameter-sized arrays moved. (A large element-wise op writing a fresh output measures the
+    allocator's page faults instead: 1.6 GB/s here against 30-40 GB/s for this update.)"""
+    optimizer = optax.adam(1e-3)
+    params = jnp.ones((size,), jnp.float32)
+    grads = jnp.full((size,), 0.1, jnp.float32)
 
+    def update(p, s, g):
+        updates, s = optimizer.update(g, s, p)
+        return optax.apply_updates(p, updates), s
 
-def gather_bandwidth(platform: str, repeats: int) -> float:
-    """Bytes/s of the folded DOT's kernel traffic: its backward at one sample, a kernel as wide
-    as a first layer's (the scatter into the full kernel's gradient dominates)."""
-    f_in = {"cpu": 64, "gpu": 512}[platform]
-    module = OneMixerLayer("DOT", f_in, 4, 8, jnp.float32)
-    _, backward = call_times(module, jnp.ones((1, 8, f_in), jnp.float32), repeats)
-    return 4 * counts.mixer_work("DOT", f_in, 4, 8).kernel_scatter / backward
+    step = jax.jit(update, donate_argnums=(0, 1))
+    state = [params, optimizer.init(params)]
+
+    def run():
+        state[0], state[1] = step(state[0], state[1], grads)
+        return state[0]
+
+    return ADAM_TRAFFIC * 4 * size / median_time(run, repeats)
 
 
 def dispatch_time(repeats: int, arrays: int = 64) -> float:
@@ -152,13 +162,14 @@ def speedup(repeats: int) -> tuple[float, list[tuple[int, float]]]:
         f = jax.jit(chain)
         seconds = median_time(lambda: f(x, b), repeats)
         base = base or seconds
-        points.append((n, n * base / seconds))
+        points.append((n, max(1.0, n * base / seconds)))  # at worst they take turns; less is others' load
     return peak, points
 
 
-def link(repeats: int, calls: int = 32) -> Link | None:
-    """All-reduces over every local device: one large (bandwidth), and `calls` small ones in one
-    program (latency per call, as a training step's many gradient all-reduces see it)."""
+def link(repeats: int) -> Link | None:
+    """All-reduces over every local device: a large one (bandwidth) and a small one against the
+    same program without the collective (latency: a step's gradients go as one combined
+    all-reduce, so one call's cost, not a share of many calls merged into one)."""
     devices = jax.devices()
     n = len(devices)
     if n < 2:
@@ -168,22 +179,21 @@ def link(repeats: int, calls: int = 32) -> Link | None:
     size = 2**22
     big = jax.device_put(jnp.ones((n, size // 4), jnp.float32), sharded)
     reduce = jax.jit(lambda a: jnp.sum(a, axis=0), out_shardings=replicated)
-    small = [jax.device_put(jnp.full((n, 16), float(i), jnp.float32), sharded) for i in range(calls)]
-    reduce_many = jax.jit(lambda xs: [jnp.sum(a, axis=0) for a in xs], out_shardings=replicated)
-    per_call = median_time(lambda: reduce_many(small), repeats) / calls
-    latency = max(per_call / (2 * (n - 1)), 1e-7)
-    moving = max(median_time(lambda: reduce(big), repeats) - per_call, 1e-9)
-    return Link(2 * (n - 1) / n * size / moving, latency)
+    small = jax.device_put(jnp.ones((n, 16), jnp.float32), sharded)
+    local = jax.jit(lambda a: a * 2.0, out_shardings=sharded)
+    reduce_small = median_time(lambda: reduce(small), repeats)
+    one_call = max(reduce_small - median_time(lambda: local(small), repeats), 1e-7)
+    moving = max(median_time(lambda: reduce(big), repeats) - reduce_small, 1e-9)
+    return Link(2 * (n - 1) / n * size / moving, one_call / (2 * (n - 1)))
 
 
 def update_scratch(platform: str) -> float:
     """Gradient-sized scratch buffers, beyond the gradients, that XLA gives a compiled pp = 1
     training step (loss, gradients and Adam in one program, state donated), per its memory
-    analysis of the probe model at one sample (activations negligible)."""
-    import optax
-
+    analysis of the probe model at one sample (activations negligible), without a DOT mixer
+    (the cost model counts the folded DOT's backward scratch apart)."""
     (f_in, out, emb), _ = PROBE[platform]
-    model = ModelSpec(f_in, emb, out, 2, (tuple(MIXERS),) * 2)
+    model = ModelSpec(f_in, emb, out, 2, (tuple(m for m in MIXERS if m != "DOT"),) * 2)
     job = Job(model, ClusterSpec(1, 1, "NVLink", platform), TrainingSpec(1, 2), ParallelSpec("probe", (1,)), 1,
               platform)
     params = nn.meta.unbox(jax.eval_shape(lambda k: network.init_params(model, k), jax.random.key(0)))
@@ -220,33 +230,25 @@ def rescaled(profile: DeviceProfile, fixed: float, flops: float) -> DeviceProfil
 def calibrate(profile: DeviceProfile, platform: str, repeats: int) -> DeviceProfile:
     """Fit the probed profile to real training steps of the probe model. Mixers probed one by
     one are not a compiled step (fused, scheduled together): on one device at two batch sizes,
-    measured = a * fixed costs + b * FLOP-proportional costs gives the two factors. Then data
-    parallel over two devices gives the effective latency of one gradient all-reduce call."""
+    measured = a * fixed costs + b * FLOP-proportional costs gives the two factors. (The link
+    keeps its micro-benchmark: fitted to one data-parallel step, it followed the machine's load.)"""
     (f_in, out, emb), sizes = PROBE[platform]
     model = ModelSpec(f_in, emb, out, 2, (tuple(MIXERS),) * 2)
 
-    def probe(batch: int, devices: int) -> Job:
-        return Job(model, ClusterSpec(1, devices, "NVLink", platform), TrainingSpec(batch, 3),
-                   ParallelSpec("probe", (1,), pp_dp_op=(1, devices, 1)), 1, platform)
+    def probe(batch: int) -> Job:
+        return Job(model, ClusterSpec(1, 1, "NVLink", platform), TrainingSpec(batch, 3),
+                   ParallelSpec("probe", (1,), pp_dp_op=(1, 1, 1)), 1, platform)
 
     no_flops = rescaled(profile, 1.0, 1e-9)
     parts, measured = [], []
     for batch in (sizes[0], sizes[-1]):
-        job, plan = probe(batch, 1), make_plan(probe(batch, 1))
+        job = probe(batch)
+        plan = make_plan(job)
         total, fixed = (estimate(Workload.of(job, p), plan).seconds for p in (profile, no_flops))
         parts.append((fixed, total - fixed))
         measured.append(step_time(job, repeats))
     a, b = np.clip(np.linalg.lstsq(np.array(parts), np.array(measured), rcond=None)[0], 0.05, 20.0)
-    profile = rescaled(profile, float(a), float(b))
-    if profile.link is None or len(jax.devices()) < 2:
-        return profile
-    job = probe(sizes[-1] // 2, 2)
-    w = Workload.of(job, profile)
-    e = estimate(w, make_plan(job))
-    sync = sum(e.communication.values())
-    calls = w.gradient_calls(range(model.num_zhen_layers)) * 2
-    latency = (step_time(job, repeats) - (e.seconds - sync)) / calls
-    return dataclasses.replace(profile, link=Link(profile.link.bandwidth, max(latency, profile.link.latency)))
+    return rescaled(profile, float(a), float(b))
 
 
 def device_memory(device) -> int:
@@ -270,12 +272,11 @@ def measure(repeats: int = 5) -> DeviceProfile:
             log.info("  %s %s: %s", precision, kind, table[-1][1])
         rates.append((precision, tuple(table)))
     probed = DeviceProfile(kind=device.device_kind if platform == "gpu" else "cpu", platform=platform,
-                         memory=device_memory(device), rates=tuple(rates), bandwidth=bw,
-                         gather_bandwidth=gather_bandwidth(platform, repeats), dispatch=dispatch,
-                         speedup=tuple(points) if platform == "cpu" else (), link=link(repeats),
-                         update_scratch=update_scratch(platform), combines_collectives=platform == "gpu",
-                         roofline=False,
-                         versions=tuple(sorted(library_versions().items())), source="measured")
+                           memory=device_memory(device), rates=tuple(rates), bandwidth=bw,
+                           dispatch=dispatch,
+                           speedup=tuple(points) if platform == "cpu" else (), link=link(repeats),
+                           update_scratch=update_scratch(platform), combines_collectives=platform == "gpu",
+                           roofline=False, versions=tuple(sorted(library_versions().items())), source="measured")
     profile = calibrate(probed, platform, repeats)
     log.info("  calibrated on real steps: Adam's bandwidth %.3g B/s, FLOP rates x %.2f, link %s",
              profile.bandwidth, profile.rate("fp32", "DOT").forward / probed.rate("fp32", "DOT").forward,

@@ -31,7 +31,12 @@ from codesign.zhen import counts
 
 PARAM_BYTES = 4  # master weights, gradients and Adam's moments stay fp32 under bf16
 ADAM_TRAFFIC = 8  # param-sized arrays read or written by one update: p, g, m, v in; p, m, v, zeroed g out
+ACCUMULATE_TRAFFIC = 3  # gradient-sized arrays per accumulated micro-batch: its gradients and the sum in, the sum out
 ACTIVATION_BYTES = {"fp32": 4, "bf16": 2}
+# The block-folded DOT's kernel traffic per call, in kernel-sized fp32 arrays: the forward reads
+# the kernel and its mirror to fold the rows (and writes them); the backward writes the folded
+# gradient's zero-filled square, reads it and its mirror and writes the kernel's gradient.
+FOLD_FORWARD, FOLD_BACKWARD = 3, 4
 
 
 # -- value types -----------------------------------------------------------------------------
@@ -128,8 +133,15 @@ def call_time(flops: float, rate: float, overhead: float, share: float = 1.0) ->
     return (overhead + flops / rate) / share
 
 
-def adam_time(param_bytes: float, profile: DeviceProfile) -> float:
-    return profile.dispatch + ADAM_TRAFFIC * param_bytes / profile.bandwidth
+def adam_time(param_bytes: float, profile: DeviceProfile, share: float = 1.0) -> float:
+    """Adam's update as memory traffic, at the share of the memory system its device gets (every
+    device of a dp group updates its replica at once)."""
+    return profile.dispatch + ADAM_TRAFFIC * param_bytes / (profile.bandwidth * share)
+
+
+def accumulate_time(grad_bytes: float, profile: DeviceProfile, share: float, micro_batches: int) -> float:
+    """Seconds per micro-batch adding its gradients into the accumulator (none for one micro-batch)."""
+    return 0.0 if micro_batches == 1 else ACCUMULATE_TRAFFIC * grad_bytes / (profile.bandwidth * share)
 
 
 # -- feeders ---------------------------------------------------------------------------------
@@ -152,13 +164,13 @@ class Workload:
 
     @classmethod
     def of(cls, job: Job, profile: DeviceProfile, links: Iterable[LinkSpec] = ()) -> Workload:
-        m = job.model
+        m, fold = job.model, job.training.fold_dot
         intra, inter = cluster_links(profile, job.cluster, links)
-        mixers = tuple(tuple((k, counts.mixer_work(k, *_widths(m, i))) for k in m.tokens[i])
+        mixers = tuple(tuple((k, counts.mixer_work(k, *_widths(m, i), fold)) for k in m.tokens[i])
                        for i in range(m.num_zhen_layers))
         layers = range(m.num_zhen_layers)
         return cls(m, job.cluster, job.training.precision, job.global_batch, job.num_micro_batches,
-                   profile, intra, inter, tuple(counts.layer_work(m, i) for i in layers),
+                   profile, intra, inter, tuple(counts.layer_work(m, i, fold) for i in layers),
                    tuple(counts.layer_own_work(m, i) for i in layers), mixers)
 
     @property
@@ -178,8 +190,8 @@ class Workload:
     def collective(self, kind, nbytes: float, devices: Sequence[int], calls: int = 1) -> float:
         return hierarchical(kind, nbytes, *self.group(devices), self.intra, self.inter, calls)
 
-    def gradient_calls(self, layers: Sequence[int]) -> int:
-        """Collectives one gradient sync makes: one per parameter array, unless XLA combines them."""
+    def gather_calls(self, layers: Sequence[int]) -> int:
+        """All-gathers of ZeRO-2's updated parameters: one per parameter array, unless XLA combines them."""
         return 1 if self.profile.combines_collectives else sum(self.layers[i].tensors for i in layers)
 
 
@@ -232,10 +244,9 @@ def stage_compute(w: Workload, layers: Sequence[int], mesh: Submesh, remat: bool
             rate = p.rate(w.precision, kind)
             flops = samples * (work.flops - work.sharded_flops + work.sharded_flops / split)
             traffic = samples * w.activation_bytes * _split(work, split) / (p.bandwidth * share) if p.roofline else 0
-            gather = PARAM_BYTES / mesh.op / (p.gather_bandwidth * share)  # the folded DOT's kernel
-            fwd += call_time(flops, rate.forward, rate.overhead, share) + traffic + 3 * work.folded_kernel * gather
-            bwd += call_time(2 * flops, rate.backward, 2 * rate.overhead, share) + 3 * traffic + (
-                work.kernel_scatter * gather)
+            fold = work.fold_kernel * PARAM_BYTES / mesh.op / (p.bandwidth * share)
+            fwd += call_time(flops, rate.forward, rate.overhead, share) + traffic + FOLD_FORWARD * fold
+            bwd += call_time(2 * flops, rate.backward, 2 * rate.overhead, share) + 3 * traffic + FOLD_BACKWARD * fold
             if work.sharded_flops and mesh.op > 1:
                 collective, seconds = _op_collective(w, work, samples, mesh)
                 comm[collective] += seconds
@@ -248,6 +259,19 @@ def stage_compute(w: Workload, layers: Sequence[int], mesh: Submesh, remat: bool
     if remat:
         bwd += fwd
     return fwd, bwd, comm
+
+
+def program_overheads(w: Workload, layers: Sequence[int], remat: bool, busy: int) -> float:
+    """The fixed costs per call that stage_compute charges one micro-batch (forward, backward and
+    a remat's recomputed forward). On CPU they are costs of running a program (the probe's
+    intercept: its thread pool, its buffers), paid once by a fused step however many
+    micro-batches its loop accumulates; a GPU pays them per kernel launch, every micro-batch."""
+    if w.profile.platform != "cpu":
+        return 0.0
+    calls = 4 if remat else 3
+    per_layer = [sum(w.profile.rate(w.precision, k).overhead for k, _ in w.mixers[i]) * calls
+                 + w.profile.rate(w.precision, LAYER).overhead * (calls - 1) for i in layers]
+    return sum(per_layer) / w.profile.share(busy)
 
 
 def _split(work: counts.Work, op: int) -> float:
@@ -272,23 +296,27 @@ def stage_params(w: Workload, layers: Sequence[int], op: int) -> float:
 
 
 def gradient_sync(w: Workload, layers: Sequence[int], mesh: Submesh, zero: bool) -> tuple[str, float]:
-    """The gradient collective each micro-batch's backward ends with (the engine reduces into the
-    accumulator's sharding every micro-batch): over dp, or over op when the batch is on op."""
+    """The gradient collective each micro-batch's backward ends with, over dp (or over op when the
+    batch is on op). The compiled pp = 1 step of a dp = 2, 2 micro-batch job shows it: one
+    all-reduce of all the gradients (XLA's combiner makes it a single tuple all-reduce) inside
+    the accumulation loop, so once per micro-batch, not once per step. Under ZeRO-2 a GPU
+    reduce-scatters; XLA:CPU all-reduces there too and each device keeps its shard."""
     nbytes = stage_params(w, layers, mesh.op) * PARAM_BYTES
     group = mesh.dp_group if mesh.batch_axis == "dp" else mesh.op_group
-    calls = w.gradient_calls(layers)
-    if zero and mesh.batch_axis == "dp":
-        return "dp reduce-scatter", w.collective(reduce_scatter, nbytes, group, calls)
-    return f"{mesh.batch_axis} all-reduce", w.collective(all_reduce, nbytes, group, calls)
+    if zero and mesh.batch_axis == "dp" and w.profile.platform != "cpu":
+        return "dp reduce-scatter", w.collective(reduce_scatter, nbytes, group)
+    return f"{mesh.batch_axis} all-reduce", w.collective(all_reduce, nbytes, group)
 
 
-def stage_update(w: Workload, layers: Sequence[int], mesh: Submesh, zero: bool) -> tuple[float, float]:
+def stage_update(w: Workload, layers: Sequence[int], mesh: Submesh, zero: bool,
+                 busy: int) -> tuple[float, float]:
     """Adam's step on the stage: (seconds, of which the ZeRO-2 parameter all-gather)."""
     param_bytes = stage_params(w, layers, mesh.op) * PARAM_BYTES
+    share = w.profile.share(busy)
     if not zero or mesh.dp == 1:
-        return adam_time(param_bytes, w.profile), 0.0
-    gather = w.collective(all_gather, param_bytes, mesh.dp_group, w.gradient_calls(layers))
-    return adam_time(param_bytes / mesh.dp, w.profile) + gather, gather
+        return adam_time(param_bytes, w.profile, share), 0.0
+    gather = w.collective(all_gather, param_bytes, mesh.dp_group, w.gather_calls(layers))
+    return adam_time(param_bytes / mesh.dp, w.profile, share) + gather, gather
 
 
 def stage_memory(w: Workload, layers: Sequence[int], groups: Sequence[Sequence[int]], mesh: Submesh,
@@ -297,21 +325,24 @@ def stage_memory(w: Workload, layers: Sequence[int], groups: Sequence[Sequence[i
     """Peak bytes per device of a stage: fp32 parameters, gradients and Adam's two moments
     (gradients and moments 1/dp under ZeRO-2), `in_flight` micro-batches' residuals (with remat,
     only each group's input carry), and workspace: the batch data the first (inputs) and last
-    (targets) stage hold, plus scratch: one layer's working set (and, accumulating micro-batches
-    in one fused step, the accumulator) or the update's scratch, whichever is larger (the update
-    runs after the backward has freed the activations; a pipeline stage runs it apart)."""
+    (targets) stage hold, plus scratch: one layer's backward working set or the update's scratch,
+    whichever is larger (the update runs after the backward has freed the activations; a
+    pipeline stage runs it apart), and, accumulating micro-batches or reducing under ZeRO-2, the
+    whole gradients of a micro-batch beside the accumulator (or, under ZeRO-2, beside their
+    shard); a pipeline stage's backward holds them beside the accumulated ones."""
     params = stage_params(w, layers, mesh.op) * PARAM_BYTES
     grads = params / mesh.dp if zero else params
     samples = w.micro_batch / mesh.batch_shards
     split = mesh.op if mesh.batch_axis == "dp" else 1
-    per_layer = {i: samples * w.activation_bytes * _split(w.layers[i], split) for i in layers}
+    per_layer = {i: samples * w.activation_bytes * (_split(w.layers[i], split) + (0 if fused else w.layers[i].relu / split))
+                 for i in layers}
     carry = {i: samples * w.activation_bytes * _carry_in(w.model, i) for i in layers}
-    # The folded DOT kernel: a residual of each micro-batch when a stage's forward hands its
-    # residuals out of the program (pp > 1); its gradient and the scatter back into the full
-    # kernel are the backward's scratch. Inside one fused step XLA keeps one copy (update_scratch).
-    folded = {i: 0.0 if fused else w.layers[i].folded_kernel / mesh.op * PARAM_BYTES for i in layers}
-    backward = {i: 2 * folded[i] + (w.layers[i].sharded_params / mesh.op * PARAM_BYTES if folded[i] else 0.0)
-                for i in layers}
+    # The block-folded DOT (fold_dot): its folded rows, a residual of each micro-batch when a
+    # stage's forward hands its residuals out of the program (pp > 1); with its gradient's
+    # zero-filled square and the unfolded kernel gradient (two fp32 kernels), the backward's scratch.
+    rows = {i: w.layers[i].fold_rows / mesh.op * w.activation_bytes for i in layers}
+    folded = {i: 0.0 if fused else rows[i] for i in layers}
+    backward = {i: rows[i] + 2 * w.layers[i].fold_kernel / mesh.op * PARAM_BYTES for i in layers}
     if remat:
         kept = sum(carry[g[0]] for g in groups)
         working = max(sum(per_layer[i] for i in g) + max(backward[i] for i in g) for g in groups)
@@ -323,10 +354,13 @@ def stage_memory(w: Workload, layers: Sequence[int], groups: Sequence[Sequence[i
         (counts.input_width(w.model) if first else 0) + (counts.output_width(w.model) if last else 0))
     activations = in_flight * kept
     update = w.profile.update_scratch * grads
+    # A micro-batch's gradients as the backward computes them (whole, before any reduction),
+    # beside the ones kept: the accumulated sum, or under ZeRO-2 their shard.
+    local = params if (zero and mesh.dp > 1) or w.micro_batches > 1 else 0.0
     if fused:  # the update runs once the backward has freed the activations
-        scratch = max(working + (grads if w.micro_batches > 1 else 0.0), update - activations)
-    else:
-        scratch = max(working, update)
+        scratch = max(working, update - activations) + local
+    else:  # a stage's backward program computes a micro-batch's gradients, then adds them to the sum
+        scratch = max(working + params, update)
     return Memory(params=params, grads=grads, adam=2 * grads, activations=activations, workspace=data + scratch)
 
 
@@ -347,7 +381,9 @@ def estimate(w: Workload, plan: Plan) -> Estimate:
             comm[kind] = comm.get(kind, 0.0) + seconds
     if pp == 1:
         only = stages[0]
-        seconds, bubble = w.profile.dispatch + micro * (only.forward + only.backward) + only.update, 0.0
+        repeated = (micro - 1) * program_overheads(w, plan.stages[0].layers, plan.remat, busy)
+        seconds = w.profile.dispatch + micro * (only.forward + only.backward) - repeated + only.update
+        bubble = 0.0
     else:
         ends, pipeline_end, comm["stage transfers"] = simulate(w, plan, stages)
         seconds = max(ends)
@@ -363,7 +399,7 @@ def _stage_cost(w: Workload, plan: Plan, index: int, busy: int) -> StageCost:
     mesh = Submesh.of(stage, plan.batch_axis)
     fwd, bwd, comm = stage_compute(w, stage.layers, mesh, plan.remat, busy)
     sync_kind, sync = gradient_sync(w, stage.layers, mesh, plan.reduce_scatter)
-    update, gather = stage_update(w, stage.layers, mesh, plan.reduce_scatter)
+    update, gather = stage_update(w, stage.layers, mesh, plan.reduce_scatter, busy)
     micro = plan.num_micro_batches
     in_flight = 1 if pp == 1 else max_in_flight(plan.schedule, pp, index, micro)
     memory = stage_memory(w, stage.layers, stage.groups, mesh, plan.remat, plan.reduce_scatter, in_flight,
@@ -375,7 +411,8 @@ def _stage_cost(w: Workload, plan: Plan, index: int, busy: int) -> StageCost:
     communication[sync_kind] = communication.get(sync_kind, 0.0) + micro * sync
     if gather:
         communication["dp all-gather (ZeRO-2)"] = gather
-    return StageCost(fwd, bwd + sync, update, communication, memory)
+    accumulate = accumulate_time(memory.grads, w.profile, w.profile.share(busy), micro)
+    return StageCost(fwd, bwd + sync + accumulate, update, communication, memory)
 
 
 def transfer_time(w: Workload, plan: Plan, index: int) -> float:

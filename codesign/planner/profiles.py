@@ -48,12 +48,11 @@ class DeviceProfile:
     memory: int  # bytes per device
     rates: tuple[tuple[str, tuple[tuple[str, Rate], ...]], ...]  # precision -> (mixer kind | LAYER -> Rate)
     bandwidth: float  # memory bytes/s (Adam's update, activation traffic)
-    gather_bandwidth: float  # bytes/s of the folded DOT's kernel gathers and scatters
     dispatch: float  # seconds the host spends per program call
     speedup: tuple[tuple[int, float], ...] = ()  # n busy devices -> aggregate speed vs one; () = independent
     link: Link | None = None  # between local devices (CPU); GPUs use the transport's links
     update_scratch: float = 0.0  # gradient-sized scratch buffers of a compiled pp = 1 step, beyond the gradients
-    combines_collectives: bool = True  # XLA merges a step's gradient collectives (GPU); CPU: one per array
+    combines_collectives: bool = True  # XLA merges ZeRO-2's parameter all-gathers (GPU); CPU: one per array
     roofline: bool = True  # rates count FLOPs only, activation traffic is added at `bandwidth`;
     # False: measured rates already include the traffic at the probed widths
     versions: tuple[tuple[str, str], ...] = ()
@@ -81,8 +80,7 @@ class DeviceProfile:
     def from_dict(cls, data: Mapping[str, Any]) -> DeviceProfile:
         rates = tuple((p, tuple((k, Rate(**r)) for k, r in table.items())) for p, table in data["rates"].items())
         return cls(kind=data["kind"], platform=data["platform"], memory=int(data["memory"]), rates=rates,
-                   bandwidth=float(data["bandwidth"]), gather_bandwidth=float(data.get("gather_bandwidth", data["bandwidth"])),
-                   dispatch=float(data["dispatch"]),
+                   bandwidth=float(data["bandwidth"]), dispatch=float(data["dispatch"]),
                    speedup=tuple((int(n), float(s)) for n, s in data.get("speedup", ())),
                    link=Link(**data["link"]) if data.get("link") else None,
                    update_scratch=float(data.get("update_scratch", 0.0)),
@@ -105,26 +103,34 @@ def _uniform(matmul: float, overhead: float, elementwise: float) -> tuple[tuple[
 
 def _gpu(kind: str, memory_gib: float, bf16: float, tf32: float, bandwidth: float) -> DeviceProfile:
     """A GPU from its dense peak FLOP/s (bf16, and TF32 for fp32) and HBM bandwidth. The
-    efficiencies (40% of peak for the mixers' FLOPs, 80% of HBM, 70 us per mixer call) reproduce
-    the seed model's measured steps within 7% (../shared/perf/README.md: H200 14.2 ms bf16,
-    21.4 ms fp32; H100 16.5 ms, 24.3 ms at batch 1024); tests/test_cost.py checks that."""
-    launch = 70e-6  # the kernels of one mixer call, and the gaps between them
+    efficiencies (50% of peak for the mixers' FLOPs, as the profiled H200 step's matrix products
+    ran; 80% of HBM for memory traffic; 50 us per mixer call) reproduce the seed model's
+    measured steps (DOT as defined) within 3% (../shared/perf/README.md, batch 1024:
+    H200 bf16 11.39 ms; H100 bf16 12.95 ms, fp32 21.24 ms); tests/test_cost.py checks that."""
+    launch = 50e-6  # the kernels of one mixer call, and the gaps between them
     return DeviceProfile(kind=kind, platform="gpu", memory=int(memory_gib * 2**30),
-                         rates=(("bf16", _uniform(0.4 * bf16, launch, 0.1 * bf16)),
-                                ("fp32", _uniform(0.4 * tf32, launch, 0.1 * tf32))),
-                         bandwidth=0.8 * bandwidth, gather_bandwidth=0.8 * bandwidth, dispatch=30e-6)
+                         rates=(("bf16", _uniform(0.5 * bf16, launch, 0.1 * bf16)),
+                                ("fp32", _uniform(0.5 * tf32, launch, 0.1 * tf32))),
+                         bandwidth=0.8 * bandwidth, dispatch=30e-6)
 
 
 BUILTIN: dict[str, DeviceProfile] = {
     "H100": _gpu("H100", 80, 989e12, 495e12, 3.35e12),
     "H200": _gpu("H200", 141, 989e12, 495e12, 4.8e12),
     "A100": _gpu("A100", 80, 312e12, 156e12, 2.04e12),
-    # This kind of machine's CPU before `codesign profile` measured it: two cores shared by the
-    # virtual devices; figures of the same order as a measured profile, refined by measurement.
+    # This machine's CPU (2 cores) as `codesign profile` measured it, loaded by other processes
+    # (load ~7, 2026-11-26): the geometric mean of two measurements, which differed by up to 3x
+    # (the shared-core speed-up most, measured below 1: other processes' load; n devices on
+    # shared cores at worst take turns, so it is at least 1); what tests and a sweep with
+    # CODESIGN_PROFILE=builtin price with.
     "cpu": DeviceProfile(kind="cpu", platform="cpu", memory=8 * 2**30,
-                         rates=(("fp32", _uniform(20e9, 60e-6, 2e9)),),
-                         bandwidth=5e9, gather_bandwidth=1e9, dispatch=100e-6, speedup=((1, 1.0), (2, 1.3), (4, 1.4), (8, 1.4)),
-                         link=Link(4e9, 20e-6), update_scratch=1.5, combines_collectives=False, roofline=False),
+                         rates=(("fp32", (("DOT", Rate(1.4e11, 7.7e10, 2.3e-5)), ("LINEAR", Rate(7.8e10, 1.6e10, 1.2e-4)),
+                                          ("ATTENTION", Rate(1e11, 2.5e10, 3.7e-5)),
+                                          ("CONVOLUTION", Rate(9.8e8, 1.3e9, 4.6e-5)),
+                                          (LAYER, Rate(1.1e11, 5.7e10, 7.3e-5)))),),
+                         bandwidth=1.2e10, dispatch=1.4e-4,
+                         speedup=((1, 1.0), (2, 1.0), (4, 1.0), (8, 1.08)), link=Link(1.9e9, 1.3e-5),
+                         combines_collectives=False, roofline=False),
 }
 
 

@@ -114,7 +114,13 @@ class Work:
     """What one layer (or mixer) costs per sample, split into the part operator parallelism
     shards (the "mlp" logical axis: DOT's two FCs, the attention FFN) and the rest, which
     every op device repeats. FLOPs are the forward's; activations are the elements the
-    backward keeps (residuals), inputs excluded."""
+    backward keeps (residuals), inputs excluded: a ReLU's output is not one in a fused step (XLA
+    keeps its input and fuses the ReLU into the matmuls that read it); `relu` counts those
+    outputs, which a program handing its residuals out (a pipeline stage's forward) keeps too,
+    all sharded over op. The block-folded DOT (fold_dot) also works on
+    its kernel once per call, whatever the batch: `fold_kernel` is the kernel (F_in^2 x hidden,
+    sharded over op) it reads to fold and its gradient unfolds into, `fold_rows` the folded rows
+    it keeps for the backward."""
 
     flops: int = 0
     sharded_flops: int = 0
@@ -123,34 +129,35 @@ class Work:
     activations: int = 0
     sharded_activations: int = 0
     tensors: int = 0  # parameter arrays: each is its own gradient collective unless XLA combines them
-    folded_kernel: int = 0  # the folded DOT's kernel rows (sharded over op), gathered every forward
-    kernel_scatter: int = 0  # elements its backward scatters back into the full kernel's gradient
+    fold_kernel: int = 0  # per call: the block fold's kernel elements (fp32), read to fold, written unfolding
+    fold_rows: int = 0  # per call: the folded kernel rows (compute precision), a residual of the call
+    relu: int = 0  # ReLU outputs (sharded), residuals only of a program that hands them out
 
     def __add__(self, other: Work) -> Work:
         return Work(*(a + b for a, b in zip(self.astuple(), other.astuple())))
 
     def astuple(self) -> tuple[int, ...]:
         return (self.flops, self.sharded_flops, self.params, self.sharded_params,
-                self.activations, self.sharded_activations, self.tensors, self.folded_kernel,
-                self.kernel_scatter)
+                self.activations, self.sharded_activations, self.tensors, self.fold_kernel, self.fold_rows,
+                self.relu)
 
 
-def mixer_work(kind: str, f_in: int, out: int, emb: int, fold_dot: bool = True) -> Work:
-    """Per-sample work of one mixer as the engine runs it (the DOT FC folded by default).
-    Activations: DOT keeps its Gram matrix, the gathered pairs, its hidden layer before and
-    after ReLU and its output; attention its tokens, q/k/v, scores and softmax, the FFN's hidden
-    layer (twice) and the norms' inputs and outputs; convolution its input and output planes."""
+def mixer_work(kind: str, f_in: int, out: int, emb: int, fold_dot: bool = False) -> Work:
+    """Per-sample work of one mixer as the engine runs it (fold_dot: the DOT over the Gram's
+    upper blocks). Activations: DOT keeps its Gram matrix (the upper blocks when folded), its
+    hidden layer and its output; attention its tokens, q/k/v, scores and softmax, the FFN's
+    hidden layer and the norms' inputs and outputs; convolution its input and output planes."""
     flops, params, od = mixer_flops(kind, f_in, out, emb, fold_dot), mixer_params(kind, f_in, out, emb), out * emb
     if kind == "DOT":
-        pairs = f_in * (f_in + 1) // 2 if fold_dot else f_in * f_in
+        pairs = folded_pairs(f_in) if fold_dot else f_in * f_in
         sharded = 2 * pairs * DOT_HIDDEN + 2 * DOT_HIDDEN * od
         return Work(flops, sharded, params, f_in * f_in * DOT_HIDDEN + DOT_HIDDEN + DOT_HIDDEN * od,
-                    f_in * f_in + pairs + 2 * DOT_HIDDEN + od, 2 * DOT_HIDDEN, 4,
-                    pairs * DOT_HIDDEN if fold_dot else 0, (f_in * f_in + 2 * pairs) * DOT_HIDDEN if fold_dot else 0)
+                    pairs + DOT_HIDDEN + od, DOT_HIDDEN, 4,
+                    f_in * f_in * DOT_HIDDEN if fold_dot else 0, pairs * DOT_HIDDEN if fold_dot else 0, DOT_HIDDEN)
     if kind == "ATTENTION":
         ffn = 2 * 2 * od * FFN_HIDDEN
         return Work(flops, ffn, params, 2 * emb * FFN_HIDDEN + FFN_HIDDEN,
-                    12 * od + 2 * out * out + 2 * out * FFN_HIDDEN, 2 * out * FFN_HIDDEN, 13)
+                    12 * od + 2 * out * out + out * FFN_HIDDEN, out * FFN_HIDDEN, 13, relu=out * FFN_HIDDEN)
     if kind == "CONVOLUTION":
         return Work(flops, 0, params, 0, 2 * emb * f_in + od, 0, 4)
     return Work(flops, 0, params, 0, od, 0, 2)
@@ -166,7 +173,7 @@ def layer_own_work(spec: ModelSpec, i: int) -> Work:
                 tensors=4 if proj else 2)
 
 
-def layer_work(spec: ModelSpec, i: int, fold_dot: bool = True) -> Work:
+def layer_work(spec: ModelSpec, i: int, fold_dot: bool = False) -> Work:
     """Layer i: its mixers and its own work."""
     f_in, _ = layer_widths(spec, i)
     o, d = spec.output_per_emb, spec.emb_dim
