@@ -40,6 +40,7 @@ from codesign.planner.schedule import max_in_flight
 from codesign.planner.space import host_tiles
 from codesign.spec.config import LinkSpec
 from codesign.spec.types import SCHEDULES, Job
+from codesign.zhen import counts
 
 EXHAUSTIVE_LIMIT = 3000  # plans: price every one below this, else let the dynamic program propose
 THRESHOLDS = 16  # t_max bounds the dynamic program tries per (pipeline degree, setting)
@@ -47,6 +48,7 @@ PROPOSALS = 3  # plans each (pipeline degree, setting) hands to exact pricing
 REFINE = 5  # best priced plans whose other splits of the layer groups are priced too
 RESPLITS = 64  # splits of one plan priced in full; beyond, each boundary moved by one group
 RUNNERS_UP = 5
+MLP_WIDTHS = math.gcd(counts.DOT_HIDDEN, counts.FFN_HIDDEN)  # what op shards: it must divide them evenly
 
 
 @dataclass(frozen=True)
@@ -134,16 +136,15 @@ def block_fits(job: Job, offset: int, size: int) -> bool:
 
 def meshes(job: Job, size: int, batch_axis: str) -> list[tuple[int, int]]:
     """(dp, op) of a stage whose batch-axis size divides the micro-batch; op inside a host (its
-    collectives run per mixer call); the batch on op only where op > 1 (else it would be
-    replicated over dp)."""
+    collectives run per mixer call) and dividing the MLP widths it shards; the batch on op only
+    where op > 1 (else it would be replicated over dp)."""
     micro_batch = job.global_batch // job.num_micro_batches
     found = []
     for dp in range(1, size + 1):
-        if size % dp:
-            continue
         op = size // dp
         shards = dp if batch_axis == "dp" else op
-        if micro_batch % shards == 0 and (batch_axis == "dp" or op > 1) and op <= job.cluster.num_devices_per_host:
+        if (size % dp == 0 and micro_batch % shards == 0 and (batch_axis == "dp" or op > 1)
+                and op <= job.cluster.num_devices_per_host and MLP_WIDTHS % op == 0):
             found.append((dp, op))
     return found
 
