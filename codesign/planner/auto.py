@@ -16,6 +16,7 @@ proposals of every pipeline degree and plan-wide setting are then priced exactly
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import time
@@ -387,19 +388,38 @@ def _trace(back: list[tuple[np.ndarray, np.ndarray]], t: int, g: int, n: int,
 
 
 def dp_search(job: Job, workload: Workload) -> list[Candidate]:
-    """The DP's proposals priced, and every other split of the layer groups (or, where those are
-    too many, each boundary moved by one group) of the best few, on the same devices and meshes:
-    what the DP's objective leaves out (transfers, dispatch, the update) can move the best cuts."""
+    """The DP's proposals priced, and around the best few and each pipeline degree's best: every
+    other split of the layer groups (or, where those are too many, each boundary moved by one
+    group) on the same devices, each stage's other meshes, and the other plan-wide settings. What the DP's objective leaves out (transfers, dispatch, the
+    update) can move the best cuts and meshes."""
     priced = [Candidate(p, estimate(workload, p)) for p in _unique(dp_plans(job, workload))]
     seen = {c.plan for c in priced}
-    best = sorted((c for c in priced if c.estimate.fits), key=lambda c: c.estimate.seconds)[:REFINE]
+    fitting = sorted((c for c in priced if c.estimate.fits), key=lambda c: c.estimate.seconds)
+    per_degree = {len(c.plan.stages): c.plan for c in reversed(fitting)}  # each pipeline degree's best
     extra = []
-    for c in best:
-        for plan in _resplits(job, c.plan):
+    for best in dict.fromkeys([*(c.plan for c in fitting[:REFINE]), *per_degree.values()]):
+        for plan in itertools.chain(_resplits(job, best), _remeshes(job, best), _resettings(job, best)):
             if plan not in seen:
                 seen.add(plan)
                 extra.append(Candidate(plan, estimate(workload, plan)))
     return priced + extra
+
+
+def _resettings(job: Job, plan: Plan) -> Iterator[Plan]:
+    """The plan's stages under each other plan-wide setting their meshes allow."""
+    for s in settings(len(plan.stages)):
+        if all((stage.dp, stage.op) in meshes(job, len(stage.device_ids), s.batch_axis) for stage in plan.stages):
+            yield dataclasses.replace(plan, batch_axis=s.batch_axis, remat=s.remat, reduce_scatter=s.reduce_scatter,
+                                      schedule=s.schedule)
+
+
+def _remeshes(job: Job, plan: Plan) -> Iterator[Plan]:
+    """The plan with one stage's devices viewed as another (dp, op)."""
+    for k, stage in enumerate(plan.stages):
+        for dp, op in meshes(job, len(stage.device_ids), plan.batch_axis):
+            if (dp, op) != (stage.dp, stage.op):
+                stages = (*plan.stages[:k], dataclasses.replace(stage, dp=dp, op=op), *plan.stages[k + 1:])
+                yield dataclasses.replace(plan, stages=stages)
 
 
 def _resplits(job: Job, plan: Plan) -> Iterator[Plan]:
