@@ -17,6 +17,7 @@ proposals of every pipeline degree and plan-wide setting are then priced exactly
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import math
 import time
@@ -247,7 +248,7 @@ class StageTable:
         """(seconds per micro-batch, (dp, op)) of the fastest mesh that fits stage `index` of a
         pp-stage pipeline; (inf, None) if none does."""
         micro = self.job.num_micro_batches
-        held = max_in_flight(setting.schedule, pp, index, micro)
+        held = _in_flight(setting.schedule, pp, index, micro)
         slot = (i, j, size, setting.batch_axis, setting.remat, setting.reduce_scatter, index == 0, index == pp - 1)
         if slot not in self.order:
             timed = [(_seconds(self._cost(slot, m, micro)), m) for m in meshes(self.job, size, setting.batch_axis)]
@@ -282,6 +283,9 @@ class StageTable:
             self.costs[slot, mesh, held] = stage_cost(self.w, stage, index, plan, self.job.cluster.num_devices, pp,
                                                       in_flight=held)
         return self.costs[slot, mesh, held]
+
+
+_in_flight = functools.cache(max_in_flight)  # asked for every (slot, range, size) the DP prices
 
 
 def _seconds(cost: StageCost) -> float:
