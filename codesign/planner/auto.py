@@ -2,8 +2,8 @@
 
 The space (one cluster, the job's micro-batch count): pipeline degree; stage boundaries over the
 job's `num_auto_layers` layer groups, uneven allowed; each stage on a contiguous block of devices
-(within one host, or whole hosts), blocks of different sizes allowed; each stage's (dp, op); and,
-plan-wide, the batch axis, remat, ZeRO-2 and the schedule. Plans that cannot fit are dropped, the
+(within one host, or whole hosts; blocks of different sizes allowed) or on host tiles; each
+stage's (dp, op); and, plan-wide, the batch axis, remat, ZeRO-2 and the schedule. Plans that cannot fit are dropped, the
 rest ranked by predicted seconds per iteration.
 
 Where the space is small every plan is priced. Where it is large, a dynamic program over stage
@@ -11,7 +11,8 @@ boundaries and device offsets (the shape of Alpa's inter-operator pass) proposes
 layer-group range, block size and pipeline slot, the fastest (dp, op) that fits; then, for each
 bound t_max on a stage's time, the stages minimising sum(stage times) + (micro - 1) * t_max. The
 proposals of every pipeline degree and plan-wide setting are then priced exactly by `estimate`
-(which simulates the schedule) and ranked.
+(which simulates the schedule), the neighbours of the best few priced too (other splits, meshes,
+settings), and all ranked.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ from codesign.zhen import counts
 EXHAUSTIVE_LIMIT = 3000  # plans: price every one below this, else let the dynamic program propose
 THRESHOLDS = 16  # t_max bounds the dynamic program tries per (pipeline degree, setting)
 PROPOSALS = 3  # plans each (pipeline degree, setting) hands to exact pricing
-REFINE = 5  # best priced plans whose other splits of the layer groups are priced too
+REFINE = 5  # best priced plans whose neighbours (splits, meshes, settings) are priced too
 RESPLITS = 64  # splits of one plan priced in full; beyond, each boundary moved by one group
 RUNNERS_UP = 5
 MLP_WIDTHS = math.gcd(counts.DOT_HIDDEN, counts.FFN_HIDDEN)  # what op shards: it must divide them evenly
