@@ -75,13 +75,14 @@ def test_choose_plan_ranks_the_plans_that_fit_fastest_first_and_each_runs():
 
 
 def test_unbalanced_layers_get_an_uneven_split_on_unequal_submeshes():
-    """Layer 0 holds four DOT mixers, layers 1-3 one LINEAR each: the heavy layer gets its own
-    stage and more devices than the light ones."""
-    choice = choose_plan(auto_job(HEAVY_FIRST, micro=8), ProfileBook())
+    """Layer 0 holds four DOT mixers, layers 1-3 one LINEAR each, on two hosts joined by TCP (a
+    data-parallel all-reduce of the DOT kernels is dear there): the plan is a pipeline whose
+    stages hold different numbers of layers, and the heavy layer's stage has the most devices."""
+    choice = choose_plan(auto_job(HEAVY_FIRST, hosts=2, per_host=2, transport="TCPx4", micro=8), ProfileBook())
     stages = choice.best().plan.stages
-    assert len(stages) > 1 and stages[0].layers == (0,)
-    assert len({len(s.layers) for s in stages}) > 1
-    assert len(stages[0].device_ids) > max(len(s.device_ids) for s in stages[1:])
+    assert len(stages) > 1 and len({len(s.layers) for s in stages}) > 1
+    heavy = next(s for s in stages if 0 in s.layers)
+    assert len(heavy.device_ids) > max(len(s.device_ids) for s in stages if s is not heavy)
 
 
 def test_a_tight_memory_makes_it_pick_a_plan_that_fits():
