@@ -340,7 +340,7 @@ def estimate(w: Workload, plan: Plan) -> Estimate:
     """Price a plan (any stages, each with its own layers, devices, dp and op)."""
     pp, micro = len(plan.stages), plan.num_micro_batches
     busy = sum(len(s.device_ids) for s in plan.stages)
-    stages = [_stage_cost(w, plan, s, busy) for s in range(pp)]
+    stages = [stage_cost(w, stage, s, plan, busy) for s, stage in enumerate(plan.stages)]
     comm: dict[str, float] = {}
     for stage in stages:
         for kind, seconds in stage.communication.items():
@@ -358,8 +358,11 @@ def estimate(w: Workload, plan: Plan) -> Estimate:
                     optimizer=max(s.update for s in stages), memory=peak, device_memory=w.profile.memory)
 
 
-def _stage_cost(w: Workload, plan: Plan, index: int, busy: int) -> StageCost:
-    stage, pp = plan.stages[index], len(plan.stages)
+def stage_cost(w: Workload, stage: StagePlan, index: int, plan: Plan, busy: int, pp: int | None = None) -> StageCost:
+    """Stage `index` of a pp-stage pipeline (default: the plan's length). The plan gives the
+    plan-wide choices (micro-batches, batch axis, remat, ZeRO-2, schedule); a search prices a
+    stage before the other stages exist by passing pp and a plan of no stages."""
+    pp = len(plan.stages) if pp is None else pp
     mesh = Submesh.of(stage, plan.batch_axis)
     fwd, bwd, comm = stage_compute(w, stage.layers, mesh, plan.remat, busy)
     sync_kind, sync = gradient_sync(w, stage.layers, mesh, plan.reduce_scatter)
