@@ -6,7 +6,9 @@ every manual (pp, dp, op) plan of each cluster, then prints per group Auto's med
 over the best manual plan's, and the median and the largest ratio (targets: <= 1.10, <= 1.5).
 Step times on a loaded machine are noisy: run it on a quiet one and read the load it prints.
 
-    python bench/bench_auto.py                                     # 4 and 8 devices, mb 1 2 4
+    python bench/bench_auto.py                                     # mixed model, 4 and 8 devices, mb 1 2 4
+    python bench/bench_auto.py --models mixed uniform              # two models (twice the jobs)
+    python bench/bench_auto.py -d auto.db                          # keep the DB: a rerun reprints it
     python bench/bench_auto.py --devices 4 --micro 2 --models mixed
 """
 
@@ -91,7 +93,8 @@ def report(rows: list[dict]) -> list[float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", nargs="+", default=["uniform", "mixed"], choices=sorted(MODELS))
+    parser.add_argument("--models", nargs="+", default=["mixed"], choices=sorted(MODELS),
+                        help="Models of the same depth (default: mixed; add uniform for a second one).")
     parser.add_argument("--devices", nargs="+", type=int, default=[4, 8], help="Virtual CPU devices per cluster.")
     parser.add_argument("--micro", nargs="+", type=int, default=[1, 2, 4], help="Micro-batch counts.")
     parser.add_argument("--iters", type=int, default=6, help="Iterations per job (2 warm-up).")

@@ -12,6 +12,7 @@ from codesign.planner.auto import NoPlanFits, choose_plan
 from codesign.planner.columns import plan_columns
 from codesign.planner.plan import Plan
 from codesign.planner.profiles import ProfileBook
+from codesign.report.frame import attempts_frame
 from codesign.run.local import LocalExecutor
 from codesign.run.sweep import Pricing, run_sweep
 from codesign.spec.config import load_config
@@ -75,6 +76,10 @@ def attempts(db) -> list[dict]:
         conn.close()
 
 
+def uniform(plan: Plan) -> bool:
+    return len({(s.dp, s.op) for s in plan.stages}) == 1
+
+
 def run_config(tmp_path, config: str) -> dict:
     (tmp_path / "c.toml").write_text(config)
     proc = run_cli("-c", "c.toml", cwd=tmp_path, env={"XLA_FLAGS": FAST_XLA})
@@ -98,6 +103,9 @@ def test_an_auto_search_job_runs_its_chosen_plan_and_matches_the_reference(tmp_p
     recorded = {k: row[k] for k in columns}
     assert recorded == {k: v if isinstance(v, int) else json.dumps(v) for k, v in columns.items()}
     assert row["avg"] > 0 and len(configs["losses"]) == 3
+    (label,) = attempts_frame([row])["plan"]  # the report names the chosen plan by its columns
+    assert label.startswith(f"Auto search | pp{len(plan.stages)} " if uniform(plan) else
+                            f"Auto search | pp_dp_op {row['pp_dp_op']} | mb2 | groups 4")
     out = run_on_devices(4, f"PLAN = {json.dumps(plan.to_dict())!r}\n{SCRIPT}", xla_flags=FAST_XLA)
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result["diff"]["initial"] == 0.0 and result["diff"]["loss"] < 1e-5, result
