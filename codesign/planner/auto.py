@@ -33,15 +33,19 @@ from codesign.planner.plan import (
     StagePlan,
     layer_groups,
     plan_from_stages,
+    tile_devices,
 )
 from codesign.planner.profiles import ProfileBook
 from codesign.planner.schedule import max_in_flight
+from codesign.planner.space import host_tiles
 from codesign.spec.config import LinkSpec
 from codesign.spec.types import SCHEDULES, Job
 
 EXHAUSTIVE_LIMIT = 3000  # plans: price every one below this, else let the dynamic program propose
-THRESHOLDS = 32  # t_max bounds the dynamic program tries per (pipeline degree, setting)
+THRESHOLDS = 16  # t_max bounds the dynamic program tries per (pipeline degree, setting)
 PROPOSALS = 3  # plans each (pipeline degree, setting) hands to exact pricing
+REFINE = 5  # best priced plans whose other splits of the layer groups are priced too
+RESPLITS = 64  # splits of one plan priced in full; beyond, each boundary moved by one group
 RUNNERS_UP = 5
 
 
@@ -92,13 +96,13 @@ def choose_plan(job: Job, book: ProfileBook, links: Iterable[LinkSpec] = ()) -> 
     """The plans of the job's space that fit, ranked by predicted time; NoPlanFits when none does."""
     start = time.perf_counter()
     workload = Workload.of(job, book.for_job(job), links)
-    plans = list(itertools.islice(all_plans(job), EXHAUSTIVE_LIMIT + 1))
-    if len(plans) > EXHAUSTIVE_LIMIT:
-        plans = dp_plans(job, workload)
-    priced = [Candidate(p, estimate(workload, p)) for p in _unique(plans)]
+    if space_size(job, EXHAUSTIVE_LIMIT) <= EXHAUSTIVE_LIMIT:
+        priced = [Candidate(p, estimate(workload, p)) for p in all_plans(job)]
+    else:
+        priced = dp_search(job, workload)
     ranked = tuple(sorted((c for c in priced if c.estimate.fits), key=lambda c: c.estimate.seconds))
     if not ranked:
-        raise NoPlanFits(_no_fit_message(job, workload, priced))
+        raise NoPlanFits(_no_fit_message(workload, priced))
     return AutoChoice(ranked, len(priced), time.perf_counter() - start, job.cluster.num_devices_per_host)
 
 
@@ -111,9 +115,11 @@ def settings(pp: int) -> Iterator[Setting]:
 
 
 def block_sizes(job: Job) -> list[int]:
-    """Device counts a stage may take: any within one host, or whole hosts."""
+    """Device counts a contiguous stage may take: on one host any; across hosts (as Alpa's
+    submeshes) a power of two or a divisor of a host's devices, or whole hosts."""
     per_host, hosts = job.cluster.num_devices_per_host, job.cluster.num_hosts
-    return sorted(set(range(1, per_host + 1)) | {h * per_host for h in range(1, hosts + 1)})
+    inside = [s for s in range(1, per_host + 1) if hosts == 1 or per_host % s == 0 or s & (s - 1) == 0]
+    return sorted(set(inside) | {h * per_host for h in range(1, hosts + 1)})
 
 
 def block_fits(job: Job, offset: int, size: int) -> bool:
@@ -127,8 +133,9 @@ def block_fits(job: Job, offset: int, size: int) -> bool:
 
 
 def meshes(job: Job, size: int, batch_axis: str) -> list[tuple[int, int]]:
-    """(dp, op) of a block whose batch-axis size divides the micro-batch; the batch on op only
-    where op > 1 (on an op of 1 it would be replicated over dp)."""
+    """(dp, op) of a stage whose batch-axis size divides the micro-batch; op inside a host (its
+    collectives run per mixer call); the batch on op only where op > 1 (else it would be
+    replicated over dp)."""
     micro_batch = job.global_batch // job.num_micro_batches
     found = []
     for dp in range(1, size + 1):
@@ -136,9 +143,27 @@ def meshes(job: Job, size: int, batch_axis: str) -> list[tuple[int, int]]:
             continue
         op = size // dp
         shards = dp if batch_axis == "dp" else op
-        if micro_batch % shards == 0 and (batch_axis == "dp" or op > 1):
+        if micro_batch % shards == 0 and (batch_axis == "dp" or op > 1) and op <= job.cluster.num_devices_per_host:
             found.append((dp, op))
     return found
+
+
+def placements(job: Job, pp: int) -> Iterator[list[tuple[int, ...]]]:
+    """Each stage's devices: contiguous blocks in stage order, or the cluster's host tiles (part
+    of each of several hosts, an interleaved placement) when there are pp of them."""
+    n, sizes = job.cluster.num_devices, block_sizes(job)
+    for blocks in _compositions(n, pp, sizes):
+        offsets = list(itertools.accumulate(blocks, initial=0))
+        if all(block_fits(job, o, s) for o, s in zip(offsets, blocks)):
+            yield [tuple(range(o, o + s)) for o, s in zip(offsets, blocks)]
+    yield from tiled(job, pp)
+
+
+def tiled(job: Job, pp: int) -> Iterator[list[tuple[int, ...]]]:
+    n, cluster = job.cluster.num_devices, job.cluster
+    if n % pp == 0:
+        for h, d in host_tiles(cluster, n // pp):
+            yield tile_devices(cluster.num_hosts, cluster.num_devices_per_host, h, d)
 
 
 def _compositions(total: int, parts: int, allowed: Sequence[int]) -> Iterator[tuple[int, ...]]:
@@ -152,30 +177,43 @@ def _compositions(total: int, parts: int, allowed: Sequence[int]) -> Iterator[tu
                 yield (first, *rest)
 
 
-def _splits(groups: int, parts: int) -> Iterator[list[range]]:
+def _splits(groups: int, parts: int) -> Iterator[tuple[range, ...]]:
     """Every way to cut groups 0..groups-1 into `parts` contiguous non-empty runs."""
     for cuts in itertools.combinations(range(1, groups), parts - 1):
         bounds = (0, *cuts, groups)
-        yield [range(a, b) for a, b in zip(bounds, bounds[1:])]
+        yield tuple(range(a, b) for a, b in zip(bounds, bounds[1:]))
+
+
+def _degrees(job: Job) -> range:
+    return range(1, min(len(layer_groups(job)), job.cluster.num_devices) + 1)
+
+
+def space_size(job: Job, limit: int) -> int:
+    """How many plans all_plans yields (counted without building them), up to just past limit."""
+    total, groups = 0, len(layer_groups(job))
+    for pp in _degrees(job):
+        for devices in placements(job, pp):
+            per_setting = sum(math.prod(len(meshes(job, len(ids), s.batch_axis)) for ids in devices)
+                              for s in settings(pp))
+            total += math.comb(groups - 1, pp - 1) * per_setting
+            if total > limit:
+                return total
+    return total
 
 
 def all_plans(job: Job) -> Iterator[Plan]:
-    """Every plan of the space (lazily: the caller stops when there are too many)."""
-    num_groups, n = len(layer_groups(job)), job.cluster.num_devices
-    sizes = block_sizes(job)
-    for pp in range(1, min(num_groups, n) + 1):
-        for split, blocks in itertools.product(list(_splits(num_groups, pp)), list(_compositions(n, pp, sizes))):
-            offsets = list(itertools.accumulate(blocks, initial=0))
-            if not all(block_fits(job, o, s) for o, s in zip(offsets, blocks)):
-                continue
-            for setting in settings(pp):
-                for mesh in itertools.product(*(meshes(job, s, setting.batch_axis) for s in blocks)):
-                    yield _plan(job, split, [range(o, o + s) for o, s in zip(offsets, blocks)], mesh, setting)
+    """Every plan of the space."""
+    groups = len(layer_groups(job))
+    for pp in _degrees(job):
+        for devices, split, setting in itertools.product(list(placements(job, pp)), list(_splits(groups, pp)),
+                                                         list(settings(pp))):
+            for mesh in itertools.product(*(meshes(job, len(ids), setting.batch_axis) for ids in devices)):
+                yield _plan(job, split, devices, mesh, setting)
 
 
-def _plan(job: Job, split: Sequence[range], blocks: Sequence[range], mesh: Sequence[tuple[int, int]],
+def _plan(job: Job, split: Sequence[range], devices: Sequence[Sequence[int]], mesh: Sequence[tuple[int, int]],
           setting: Setting) -> Plan:
-    return plan_from_stages(job, [list(r) for r in split], [list(b) for b in blocks], list(mesh),
+    return plan_from_stages(job, [list(r) for r in split], [list(ids) for ids in devices], list(mesh),
                             batch_axis=setting.batch_axis, remat=setting.remat,
                             reduce_scatter=setting.reduce_scatter, schedule=setting.schedule)
 
@@ -187,116 +225,147 @@ def _unique(plans: Iterable[Plan]) -> list[Plan]:
 # -- the dynamic program -----------------------------------------------------------------------
 
 class StageTable:
-    """Per (group range, block size, slot of a pp-stage pipeline): the fastest (dp, op) that fits,
-    and its time per micro-batch (forward + backward with its gradient sync). Stage costs are
-    memoised on what they depend on: the range, the mesh, the setting, and the slot only through
-    the micro-batches it holds and whether it is the first or last stage."""
+    """Per (group range, block size, pipeline slot): the fastest (dp, op) that fits, and its time
+    per micro-batch (forward + backward with its gradient sync). A stage's time does not depend
+    on its slot; its memory depends on it through whether it is the first or last stage and how
+    many micro-batches it holds, and grows with the latter, so each mesh is asked once how many
+    it can hold."""
 
     def __init__(self, job: Job, workload: Workload):
         self.job, self.w = job, workload
         self.groups = layer_groups(job)
         self.sizes = block_sizes(job)
-        self.busy = job.cluster.num_devices
         self.costs: dict[tuple, StageCost] = {}
         self.order: dict[tuple, list[tuple[int, int]]] = {}
-
-    def cost(self, i: int, j: int, size: int, mesh: tuple[int, int], setting: Setting, index: int,
-             pp: int) -> StageCost:
-        held = max_in_flight(setting.schedule, pp, index, self.job.num_micro_batches) if pp > 1 else 1
-        key = (i, j, size, mesh, setting.batch_axis, setting.remat, setting.reduce_scatter, pp > 1, held,
-               index == 0, index == pp - 1)
-        if key not in self.costs:
-            stage = StagePlan(groups=self.groups[i:j], device_ids=tuple(range(size)), dp=mesh[0], op=mesh[1])
-            plan = Plan((), self.job.num_micro_batches, setting.batch_axis, setting.remat, setting.reduce_scatter,
-                        setting.schedule, "chosen")
-            self.costs[key] = stage_cost(self.w, stage, index, plan, self.busy, pp)
-        return self.costs[key]
+        self.holds: dict[tuple, int] = {}
+        self.solved: dict[tuple, list[tuple]] = {}
 
     def best(self, i: int, j: int, size: int, setting: Setting, index: int,
              pp: int) -> tuple[float, tuple[int, int] | None]:
-        """(seconds per micro-batch, (dp, op)) of the fastest mesh that fits; (inf, None) if none."""
-        key = (i, j, size, setting.batch_axis, setting.remat, setting.reduce_scatter)
-        if key not in self.order:  # meshes fastest first, timed in slot 0 of 1 (time does not depend on it)
-            timed = [(self._seconds(self.cost(i, j, size, m, setting, 0, 1)), m)
-                     for m in meshes(self.job, size, setting.batch_axis)]
-            self.order[key] = [m for _, m in sorted(timed)]
-        limit = self.w.profile.memory
-        for mesh in self.order[key]:
-            found = self.cost(i, j, size, mesh, setting, index, pp)
-            if found.memory.total <= limit:
-                return self._seconds(found), mesh
+        """(seconds per micro-batch, (dp, op)) of the fastest mesh that fits stage `index` of a
+        pp-stage pipeline; (inf, None) if none does."""
+        micro = self.job.num_micro_batches
+        held = max_in_flight(setting.schedule, pp, index, micro)
+        slot = (i, j, size, setting.batch_axis, setting.remat, setting.reduce_scatter, index == 0, index == pp - 1)
+        if slot not in self.order:
+            timed = [(_seconds(self._cost(slot, m, micro)), m) for m in meshes(self.job, size, setting.batch_axis)]
+            self.order[slot] = [m for _, m in sorted(timed)]
+        for mesh in self.order[slot]:
+            if self._holds(slot, mesh) >= held:
+                return _seconds(self._cost(slot, mesh, micro)), mesh
         return math.inf, None
 
-    @staticmethod
-    def _seconds(cost: StageCost) -> float:
-        return cost.forward + cost.backward
+    def _holds(self, slot: tuple, mesh: tuple[int, int]) -> int:
+        """The most in-flight micro-batches (0..micro) the stage fits with (binary search)."""
+        if (slot, mesh) not in self.holds:
+            low, high = 0, self.job.num_micro_batches
+            if self._cost(slot, mesh, high).memory.total <= self.w.profile.memory:
+                low = high  # the common case, and the cost its time was read from
+            while low < high:
+                mid = (low + high + 1) // 2
+                if self._cost(slot, mesh, mid).memory.total <= self.w.profile.memory:
+                    low = mid
+                else:
+                    high = mid - 1
+            self.holds[slot, mesh] = low
+        return self.holds[slot, mesh]
+
+    def _cost(self, slot: tuple, mesh: tuple[int, int], held: int) -> StageCost:
+        if (slot, mesh, held) not in self.costs:
+            i, j, size, axis, remat, zero, first, last = slot
+            # a block placed at device 0 spans the hosts any placement of it does (block_fits)
+            stage = StagePlan(groups=self.groups[i:j], device_ids=tuple(range(size)), dp=mesh[0], op=mesh[1])
+            plan = Plan((), self.job.num_micro_batches, axis, remat, zero, SCHEDULES[0], "chosen")
+            index, pp = (0, 2) if first else ((1, 2) if last else (1, 3))
+            self.costs[slot, mesh, held] = stage_cost(self.w, stage, index, plan, self.job.cluster.num_devices, pp,
+                                                      in_flight=held)
+        return self.costs[slot, mesh, held]
+
+
+def _seconds(cost: StageCost) -> float:
+    return cost.forward + cost.backward
 
 
 def dp_plans(job: Job, workload: Workload) -> list[Plan]:
-    """Plans the dynamic program proposes, for every pipeline degree and setting (pp = 1: every
-    mesh and setting, which is small)."""
+    """Plans to price exactly: for each pipeline degree and setting, what the dynamic program
+    proposes over contiguous blocks; host-tiled placements at the FLOP-balanced split, one mesh
+    for all stages; pp = 1 in full (every mesh and setting: few)."""
     table = StageTable(job, workload)
-    num_groups, n = len(table.groups), job.cluster.num_devices
-    plans = [_plan(job, [range(num_groups)], [range(n)], [mesh], s)
-             for s in settings(1) for mesh in meshes(job, n, s.batch_axis)]
-    for pp in range(2, min(num_groups, n) + 1):
+    groups = len(table.groups)
+    plans = []
+    for pp in _degrees(job):
         for setting in settings(pp):
-            plans += _pipeline_plans(job, table, pp, setting)
+            if pp > 1:
+                plans += _pipeline_plans(job, table, pp, setting)
+            balanced = tuple(range(int(r[0]), int(r[-1]) + 1) for r in np.array_split(np.arange(groups), pp))
+            for devices in tiled(job, pp) if pp > 1 else [[tuple(range(job.cluster.num_devices))]]:
+                plans += [_plan(job, balanced, devices, [m] * pp, setting)
+                          for m in meshes(job, len(devices[0]), setting.batch_axis)]
     return plans
 
 
 def _pipeline_plans(job: Job, table: StageTable, pp: int, setting: Setting) -> list[Plan]:
-    """The DP for one pipeline degree and setting: V[t, j, d] = least sum of stage times over the
-    stages so far, covering groups [0, j) and devices [0, d), each stage within bound t."""
-    g, n, sizes = len(table.groups), job.cluster.num_devices, table.sizes
+    """The DP for one pipeline degree and setting: value[t, j, d] = least sum of stage times over
+    the stages so far, covering groups [0, j) and devices [0, d), each stage within bound t."""
+    g, sizes = len(table.groups), table.sizes
     micro = job.num_micro_batches
     cost = np.full((pp, g + 1, g + 1, len(sizes)), math.inf)
     mesh: dict[tuple[int, int, int, int], tuple[int, int]] = {}
     for k, i, j, (si, size) in itertools.product(range(pp), range(g), range(1, g + 1), enumerate(sizes)):
-        if i < j and i >= k and g - j >= pp - 1 - k:
+        if k <= i < j <= g - (pp - 1 - k) and (i == 0) == (k == 0) and (j == g) == (k == pp - 1):
             cost[k, i, j, si], found = table.best(i, j, size, setting, k, pp)
             if found is not None:
                 mesh[k, i, j, si] = found
     finite = np.unique(cost[np.isfinite(cost)])
     if not finite.size:
         return []
-    bounds = finite if micro == 1 or finite.size <= THRESHOLDS else np.quantile(finite, np.linspace(0, 1, THRESHOLDS))
-    if micro == 1:
+    if micro == 1:  # the objective is the sum alone: no bound needed
         bounds = finite[-1:]
+    else:
+        bounds = finite if finite.size <= THRESHOLDS else np.quantile(finite, np.linspace(0, 1, THRESHOLDS))
+    key = (pp, cost.tobytes())  # settings that differ only where nothing binds give the same DP
+    if key not in table.solved:
+        table.solved[key] = _solve(job, cost, bounds, sizes)
+    return [_plan(job, [r for r, _, _ in stages], [b for _, b, _ in stages], [mesh[key] for _, _, key in stages],
+                  setting) for stages in table.solved[key]]
+
+
+def _solve(job: Job, cost: np.ndarray, bounds: np.ndarray, sizes: Sequence[int]) -> list[tuple]:
+    """The best stage lists (groups, devices, cost index) under each bound, best objective first."""
+    pp, g, n = cost.shape[0], cost.shape[1] - 1, job.cluster.num_devices
     fits = np.array([[block_fits(job, o, s) for s in sizes] for o in range(n + 1)])  # [offset, size]
     value = np.full((len(bounds), g + 1, n + 1), math.inf)
     value[:, 0, 0] = 0.0
     back = []
     for k in range(pp):
-        value, choice = _slot(value, np.where(cost[k][None] <= bounds[:, None, None, None], cost[k][None], math.inf),
-                              sizes, fits)
+        bounded = np.where(cost[k][None] <= bounds[:, None, None, None], cost[k][None], math.inf)
+        value, choice = _slot(value, bounded, sizes, fits)
         back.append(choice)
-    objective = value[:, g, n] + (micro - 1) * bounds
-    plans = []
+    objective = value[:, g, n] + (job.num_micro_batches - 1) * bounds
+    traced: list[tuple] = []
     for t in np.argsort(objective, kind="stable"):
-        if not np.isfinite(objective[t]) or len(plans) == PROPOSALS:
+        if not np.isfinite(objective[t]) or len(traced) == PROPOSALS:
             break
-        plan = _trace(job, back, t, g, n, sizes, mesh, setting)
-        if plan not in plans:
-            plans.append(plan)
-    return plans
+        stages = _trace(back, int(t), g, n, sizes)
+        if stages not in traced:
+            traced.append(stages)
+    return traced
 
 
 def _slot(value: np.ndarray, cost: np.ndarray, sizes: Sequence[int],
           fits: np.ndarray) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray]]:
     """One more stage: new[t, j, d] = min over start group i and block size s of
     value[t, i, d - s] + cost[t, i, j, s], the block [d - s, d) placeable; with the argmins."""
-    bounds, groups, devices = value.shape
+    devices = value.shape[2]
     best = np.full(value.shape, math.inf)
     best_i = np.zeros(value.shape, dtype=int)
     best_s = np.zeros(value.shape, dtype=int)
     for si, size in enumerate(sizes):
-        if size >= devices:
+        if size >= devices or not np.isfinite(cost[..., si]).any():
             continue
         before = np.where(fits[:devices - size, si][None, None], value[:, :, :devices - size], math.inf)
         total = before[:, :, None, :] + cost[:, :, :, si][..., None]  # [t, i, j, d - size]
-        start = total.argmin(axis=1)
-        least = np.take_along_axis(total, start[:, None], axis=1)[:, 0]
+        start, least = total.argmin(axis=1), total.min(axis=1)
         better = least < best[:, :, size:]
         best[:, :, size:] = np.where(better, least, best[:, :, size:])
         best_i[:, :, size:] = np.where(better, start, best_i[:, :, size:])
@@ -304,18 +373,46 @@ def _slot(value: np.ndarray, cost: np.ndarray, sizes: Sequence[int],
     return best, (best_i, best_s)
 
 
-def _trace(job: Job, back: list[tuple[np.ndarray, np.ndarray]], t: int, g: int, n: int, sizes: Sequence[int],
-           mesh: dict, setting: Setting) -> Plan:
-    """The stages behind value[t, g, n], read back slot by slot."""
-    split, blocks, chosen, j, d = [], [], [], g, n
+def _trace(back: list[tuple[np.ndarray, np.ndarray]], t: int, g: int, n: int,
+           sizes: Sequence[int]) -> tuple[tuple[range, range, tuple[int, int, int, int]], ...]:
+    """The stages behind value[t, g, n], read back slot by slot: (groups, devices, mesh key)."""
+    stages, j, d = [], g, n
     for k in reversed(range(len(back))):
         starts, size_index = back[k]
         i, si = int(starts[t, j, d]), int(size_index[t, j, d])
-        split.append(range(i, j))
-        blocks.append(range(d - sizes[si], d))
-        chosen.append(mesh[k, i, j, si])
+        stages.append((range(i, j), range(d - sizes[si], d), (k, i, j, si)))
         j, d = i, d - sizes[si]
-    return _plan(job, split[::-1], blocks[::-1], chosen[::-1], setting)
+    return tuple(stages[::-1])
+
+
+def dp_search(job: Job, workload: Workload) -> list[Candidate]:
+    """The DP's proposals priced, and every other split of the layer groups (or, where those are
+    too many, each boundary moved by one group) of the best few, on the same devices and meshes:
+    what the DP's objective leaves out (transfers, dispatch, the update) can move the best cuts."""
+    priced = [Candidate(p, estimate(workload, p)) for p in _unique(dp_plans(job, workload))]
+    seen = {c.plan for c in priced}
+    best = sorted((c for c in priced if c.estimate.fits), key=lambda c: c.estimate.seconds)[:REFINE]
+    extra = []
+    for c in best:
+        for plan in _resplits(job, c.plan):
+            if plan not in seen:
+                seen.add(plan)
+                extra.append(Candidate(plan, estimate(workload, plan)))
+    return priced + extra
+
+
+def _resplits(job: Job, plan: Plan) -> Iterator[Plan]:
+    groups, pp = len(layer_groups(job)), len(plan.stages)
+    bounds = list(itertools.accumulate((len(s.groups) for s in plan.stages), initial=0))
+    if math.comb(groups - 1, pp - 1) <= RESPLITS:
+        splits = _splits(groups, pp)
+    else:
+        moved = ({*bounds[:k], b + step, *bounds[k + 1:]} for k, b in enumerate(bounds[1:-1], 1) for step in (-1, 1))
+        splits = (tuple(range(a, b) for a, b in zip(cuts, cuts[1:]))
+                  for cuts in (sorted(m) for m in moved) if len(cuts) == pp + 1)
+    setting = Setting(plan.batch_axis, plan.remat, plan.reduce_scatter, plan.schedule)
+    for split in splits:
+        yield _plan(job, split, [s.device_ids for s in plan.stages], [(s.dp, s.op) for s in plan.stages], setting)
 
 
 # -- reports ---------------------------------------------------------------------------------
@@ -332,7 +429,7 @@ def _described(c: Candidate, devices_per_host: int) -> dict[str, Any]:
     return {"plan": manual_form(c.plan, devices_per_host), "predicted": c.estimate.breakdown()}
 
 
-def _no_fit_message(job: Job, workload: Workload, priced: Sequence[Candidate]) -> str:
+def _no_fit_message(workload: Workload, priced: Sequence[Candidate]) -> str:
     device = workload.profile.memory
     if priced:
         least = min(priced, key=lambda c: c.estimate.peak_bytes)

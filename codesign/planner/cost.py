@@ -358,17 +358,20 @@ def estimate(w: Workload, plan: Plan) -> Estimate:
                     optimizer=max(s.update for s in stages), memory=peak, device_memory=w.profile.memory)
 
 
-def stage_cost(w: Workload, stage: StagePlan, index: int, plan: Plan, busy: int, pp: int | None = None) -> StageCost:
-    """Stage `index` of a pp-stage pipeline (default: the plan's length). The plan gives the
-    plan-wide choices (micro-batches, batch axis, remat, ZeRO-2, schedule); a search prices a
-    stage before the other stages exist by passing pp and a plan of no stages."""
+def stage_cost(w: Workload, stage: StagePlan, index: int, plan: Plan, busy: int, pp: int | None = None,
+               in_flight: int | None = None) -> StageCost:
+    """Stage `index` of a pp-stage pipeline (default: the plan's length), holding in_flight
+    micro-batches (default: as its schedule does). The plan gives the plan-wide choices
+    (micro-batches, batch axis, remat, ZeRO-2, schedule); a search prices a stage before the
+    other stages exist by passing pp and a plan of no stages."""
     pp = len(plan.stages) if pp is None else pp
     mesh = Submesh.of(stage, plan.batch_axis)
     fwd, bwd, comm = stage_compute(w, stage.layers, mesh, plan.remat, busy)
     sync_kind, sync = gradient_sync(w, stage.layers, mesh, plan.reduce_scatter)
     update, gather = stage_update(w, stage.layers, mesh, plan.reduce_scatter)
     micro = plan.num_micro_batches
-    in_flight = 1 if pp == 1 else max_in_flight(plan.schedule, pp, index, micro)
+    if in_flight is None:
+        in_flight = 1 if pp == 1 else max_in_flight(plan.schedule, pp, index, micro)
     memory = stage_memory(w, stage.layers, stage.groups, mesh, plan.remat, plan.reduce_scatter, in_flight,
                           (index == 0, index == pp - 1), fused=pp == 1)
     if pp > 1 and index > 0:  # the inputs it holds for each in-flight micro-batch

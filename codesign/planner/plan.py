@@ -6,6 +6,7 @@ in microseconds and the job body can build exactly what was checked.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 from dataclasses import dataclass
@@ -14,7 +15,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from codesign.errors import PlanError
-from codesign.spec.types import SCHEDULES, Job
+from codesign.spec.types import SCHEDULES, Job, ModelSpec
 from codesign.zhen import counts
 
 MESH_AXES = ("dp", "op")
@@ -161,8 +162,12 @@ def layer_groups(job: Job, num_groups: int | None = None) -> tuple[tuple[int, ..
     groups, layers = num_groups or job.parallel.num_auto_layers, job.model.num_zhen_layers
     if groups > layers:
         raise PlanError(f"num_auto_layers = {groups} layer groups, but the model has only {layers} layers")
-    costs = [counts.layer_flops(job.model, i) for i in range(layers)]
-    return balanced_groups(costs, groups)
+    return _flop_balanced(job.model, groups)
+
+
+@functools.cache  # a search builds many plans of one model
+def _flop_balanced(model: ModelSpec, groups: int) -> tuple[tuple[int, ...], ...]:
+    return balanced_groups([counts.layer_flops(model, i) for i in range(model.num_zhen_layers)], groups)
 
 
 def split_stages(groups: tuple[tuple[int, ...], ...], pp: int) -> list[tuple[tuple[int, ...], ...]]:
@@ -231,6 +236,11 @@ def _tiled_devices(job: Job) -> list[tuple[int, ...]]:
         raise PlanError(f"physical_mesh_shape [{h}, {d}] holds {h * d} devices, but dp * op = {dp * op}")
     if hosts % h or per_host % d:
         raise PlanError(f"physical_mesh_shape [{h}, {d}] does not tile the cluster {hosts}x{per_host}")
+    return tile_devices(hosts, per_host, h, d)
+
+
+def tile_devices(hosts: int, per_host: int, h: int, d: int) -> list[tuple[int, ...]]:
+    """The (h hosts x d devices) tiles of a host-major cluster grid, each's ids host-major."""
     grid = np.arange(hosts * per_host).reshape(hosts, per_host)
     return [tuple(int(i) for i in grid[r:r + h, c:c + d].ravel())
             for r in range(0, hosts, h) for c in range(0, per_host, d)]
@@ -270,6 +280,6 @@ def _check_devices(devices: Sequence[Sequence[int]], sizes: list[int], total: in
     outside = sorted({d for d in flat if not 0 <= d < total})
     if outside:
         raise PlanError(f"device(s) {outside} are outside the cluster of {total} devices")
-    twice = sorted({d for d in flat if flat.count(d) > 1})
+    twice = sorted(d for d, times in collections.Counter(flat).items() if times > 1)
     if twice:
         raise PlanError(f"device(s) {twice} are placed in more than one stage")
