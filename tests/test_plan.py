@@ -48,8 +48,13 @@ def test_plan_ranks_every_plan_of_each_cluster_and_marks_manual_specs(tmp_path):
         baseline = [r for r in plans if r["plan"].startswith("pp1 dp") and float(r["speedup_vs_dp"] or 0) == 1.0]
         assert baseline, cluster
     manual = {r["manual"] for r in by_cluster["1x8 NVLink (sim H100)"] if r["manual"]}
-    assert manual == {"data parallel", "pipeline"}
-    assert not any(r["manual"] for r in by_cluster["2x8 EFAx4 (sim H100)"])  # 8-device specs do not match
+    assert manual == {"data parallel", "pipeline", "Auto search groups=1"}
+    # 8-device specs do not match; the plan Auto search (one layer group: no pipeline) would choose
+    for cluster in ("2x8 EFAx4 (sim H100)", "8x8 EFAx4 (sim H100)"):
+        (chosen,) = [r for r in by_cluster[cluster] if r["manual"]]
+        assert chosen["manual"] == "Auto search groups=1" and chosen["fits"] == "True"
+        assert chosen["plan"].startswith("pp1 ") and float(chosen["time_ms"]) == min(
+            float(r["time_ms"]) for r in by_cluster[cluster] if r["plan"].startswith("pp1 ") and r["fits"] == "True")
     assert not (tmp_path / "results.db").exists()
     print(f"codesign plan on 8, 16 and 64 simulated H100s: {seconds:.2f} s for {len(table)} plans")
 

@@ -2,8 +2,8 @@
 
 The space (one cluster, the job's micro-batch count): pipeline degree; stage boundaries over the
 job's `num_auto_layers` layer groups, uneven allowed; each stage on a contiguous block of devices
-(within one host, or whole hosts), blocks of different sizes allowed; each stage's (dp, op); and,
-plan-wide, the batch axis, remat, ZeRO-2 and the schedule. Plans that cannot fit are dropped, the
+(within one host, or whole hosts; blocks of different sizes allowed) or on host tiles; each
+stage's (dp, op); and, plan-wide, the batch axis, remat, ZeRO-2 and the schedule. Plans that cannot fit are dropped, the
 rest ranked by predicted seconds per iteration.
 
 Where the space is small every plan is priced. Where it is large, a dynamic program over stage
@@ -11,11 +11,14 @@ boundaries and device offsets (the shape of Alpa's inter-operator pass) proposes
 layer-group range, block size and pipeline slot, the fastest (dp, op) that fits; then, for each
 bound t_max on a stage's time, the stages minimising sum(stage times) + (micro - 1) * t_max. The
 proposals of every pipeline degree and plan-wide setting are then priced exactly by `estimate`
-(which simulates the schedule) and ranked.
+(which simulates the schedule), the neighbours of the best few priced too (other splits, meshes,
+settings), and all ranked.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import itertools
 import math
 import time
@@ -40,13 +43,15 @@ from codesign.planner.schedule import max_in_flight
 from codesign.planner.space import host_tiles
 from codesign.spec.config import LinkSpec
 from codesign.spec.types import SCHEDULES, Job
+from codesign.zhen import counts
 
 EXHAUSTIVE_LIMIT = 3000  # plans: price every one below this, else let the dynamic program propose
 THRESHOLDS = 16  # t_max bounds the dynamic program tries per (pipeline degree, setting)
 PROPOSALS = 3  # plans each (pipeline degree, setting) hands to exact pricing
-REFINE = 5  # best priced plans whose other splits of the layer groups are priced too
+REFINE = 5  # best priced plans whose neighbours (splits, meshes, settings) are priced too
 RESPLITS = 64  # splits of one plan priced in full; beyond, each boundary moved by one group
 RUNNERS_UP = 5
+MLP_WIDTHS = math.gcd(counts.DOT_HIDDEN, counts.FFN_HIDDEN)  # what op shards: it must divide them evenly
 
 
 @dataclass(frozen=True)
@@ -134,16 +139,15 @@ def block_fits(job: Job, offset: int, size: int) -> bool:
 
 def meshes(job: Job, size: int, batch_axis: str) -> list[tuple[int, int]]:
     """(dp, op) of a stage whose batch-axis size divides the micro-batch; op inside a host (its
-    collectives run per mixer call); the batch on op only where op > 1 (else it would be
-    replicated over dp)."""
+    collectives run per mixer call) and dividing the MLP widths it shards; the batch on op only
+    where op > 1 (else it would be replicated over dp)."""
     micro_batch = job.global_batch // job.num_micro_batches
     found = []
     for dp in range(1, size + 1):
-        if size % dp:
-            continue
         op = size // dp
         shards = dp if batch_axis == "dp" else op
-        if micro_batch % shards == 0 and (batch_axis == "dp" or op > 1) and op <= job.cluster.num_devices_per_host:
+        if (size % dp == 0 and micro_batch % shards == 0 and (batch_axis == "dp" or op > 1)
+                and op <= job.cluster.num_devices_per_host and MLP_WIDTHS % op == 0):
             found.append((dp, op))
     return found
 
@@ -245,7 +249,7 @@ class StageTable:
         """(seconds per micro-batch, (dp, op)) of the fastest mesh that fits stage `index` of a
         pp-stage pipeline; (inf, None) if none does."""
         micro = self.job.num_micro_batches
-        held = max_in_flight(setting.schedule, pp, index, micro)
+        held = _in_flight(setting.schedule, pp, index, micro)
         slot = (i, j, size, setting.batch_axis, setting.remat, setting.reduce_scatter, index == 0, index == pp - 1)
         if slot not in self.order:
             timed = [(_seconds(self._cost(slot, m, micro)), m) for m in meshes(self.job, size, setting.batch_axis)]
@@ -280,6 +284,9 @@ class StageTable:
             self.costs[slot, mesh, held] = stage_cost(self.w, stage, index, plan, self.job.cluster.num_devices, pp,
                                                       in_flight=held)
         return self.costs[slot, mesh, held]
+
+
+_in_flight = functools.cache(max_in_flight)  # asked for every (slot, range, size) the DP prices
 
 
 def _seconds(cost: StageCost) -> float:
@@ -386,19 +393,38 @@ def _trace(back: list[tuple[np.ndarray, np.ndarray]], t: int, g: int, n: int,
 
 
 def dp_search(job: Job, workload: Workload) -> list[Candidate]:
-    """The DP's proposals priced, and every other split of the layer groups (or, where those are
-    too many, each boundary moved by one group) of the best few, on the same devices and meshes:
-    what the DP's objective leaves out (transfers, dispatch, the update) can move the best cuts."""
+    """The DP's proposals priced, and around the best few and each pipeline degree's best: every
+    other split of the layer groups (or, where those are too many, each boundary moved by one
+    group) on the same devices, each stage's other meshes, and the other plan-wide settings. What the DP's objective leaves out (transfers, dispatch, the
+    update) can move the best cuts and meshes."""
     priced = [Candidate(p, estimate(workload, p)) for p in _unique(dp_plans(job, workload))]
     seen = {c.plan for c in priced}
-    best = sorted((c for c in priced if c.estimate.fits), key=lambda c: c.estimate.seconds)[:REFINE]
+    fitting = sorted((c for c in priced if c.estimate.fits), key=lambda c: c.estimate.seconds)
+    per_degree = {len(c.plan.stages): c.plan for c in reversed(fitting)}  # each pipeline degree's best
     extra = []
-    for c in best:
-        for plan in _resplits(job, c.plan):
+    for best in dict.fromkeys([*(c.plan for c in fitting[:REFINE]), *per_degree.values()]):
+        for plan in itertools.chain(_resplits(job, best), _remeshes(job, best), _resettings(job, best)):
             if plan not in seen:
                 seen.add(plan)
                 extra.append(Candidate(plan, estimate(workload, plan)))
     return priced + extra
+
+
+def _resettings(job: Job, plan: Plan) -> Iterator[Plan]:
+    """The plan's stages under each other plan-wide setting their meshes allow."""
+    for s in settings(len(plan.stages)):
+        if all((stage.dp, stage.op) in meshes(job, len(stage.device_ids), s.batch_axis) for stage in plan.stages):
+            yield dataclasses.replace(plan, batch_axis=s.batch_axis, remat=s.remat, reduce_scatter=s.reduce_scatter,
+                                      schedule=s.schedule)
+
+
+def _remeshes(job: Job, plan: Plan) -> Iterator[Plan]:
+    """The plan with one stage's devices viewed as another (dp, op)."""
+    for k, stage in enumerate(plan.stages):
+        for dp, op in meshes(job, len(stage.device_ids), plan.batch_axis):
+            if (dp, op) != (stage.dp, stage.op):
+                stages = (*plan.stages[:k], dataclasses.replace(stage, dp=dp, op=op), *plan.stages[k + 1:])
+                yield dataclasses.replace(plan, stages=stages)
 
 
 def _resplits(job: Job, plan: Plan) -> Iterator[Plan]:

@@ -2,21 +2,27 @@
 
 Each row is one plan with its predicted seconds per iteration, peak memory per device and their
 breakdown, whether it fits, and its speed-up over plain data parallel (pp 1, dp = devices);
-the config's own manual specs are marked (and listed even when outside the space or the top K).
+the config's own manual specs are marked (and listed even when outside the space or the top K), and
+so is the plan each Auto search spec would choose (marked with the spec's summary).
 """
 
 from __future__ import annotations
 
 import csv
 import dataclasses
+import logging
 from typing import Iterable, Iterator, TextIO
 
+from codesign.errors import PlanError
+from codesign.planner.auto import choose_plan
 from codesign.planner.cost import Workload
 from codesign.planner.profiles import ProfileBook
 from codesign.planner.space import Priced, plan_space, price, rank_key, same_plan
 from codesign.spec.config import Config
 from codesign.spec.jobs import matches
 from codesign.spec.types import Job, ParallelSpec
+
+log = logging.getLogger(__name__)
 
 COLUMNS = ("model", "cluster", "micro_batches", "rank", "plan", "fits", "time_ms", "memory_gib",
            "speedup_vs_dp", "compute_ms", "communication_ms", "bubble_ms", "optimizer_ms",
@@ -40,7 +46,7 @@ def micro_batch_counts(parallels: Iterable[ParallelSpec], cluster) -> list[int]:
 def _space_rows(job: Job, config: Config, book: ProfileBook, top: int | None) -> Iterator[dict[str, object]]:
     workload = Workload.of(job, book.for_job(job), config.links)
     space = plan_space(job, workload)
-    manual = _manual(job, workload, config.parallels)
+    manual = _manual(job, workload, config.parallels) + _auto(job, book, config)
     baseline = next((p for p in space if _plain_dp(p, job)), None)
     marks: dict[int, list[str]] = {}
     for spec, priced in manual:
@@ -67,6 +73,23 @@ def _manual(job: Job, workload: Workload, parallels: Iterable[ParallelSpec]) -> 
     return found
 
 
+def _auto(job: Job, book: ProfileBook, config: Config) -> list[tuple[ParallelSpec, Priced]]:
+    """The plan each Auto search spec of the config would choose for this job, priced."""
+    found = []
+    for spec in config.parallels:
+        if not spec.is_auto or job.num_micro_batches not in spec.num_micro_batches:
+            continue
+        concrete = dataclasses.replace(spec, num_micro_batches=(job.num_micro_batches,))
+        try:
+            best = choose_plan(dataclasses.replace(job, parallel=concrete), book, config.links).best()
+        except PlanError as err:
+            log.warning("%s on %s, %d micro-batches: %s", spec.summary(), job.cluster.summary(),
+                        job.num_micro_batches, err)
+            continue
+        found.append((dataclasses.replace(spec, description=spec.summary()), Priced(concrete, best.plan, best.estimate)))
+    return found
+
+
 def _plain_dp(p: Priced, job: Job) -> bool:
     stage = p.plan.stages[0]
     return (len(p.plan.stages) == 1 and stage.dp == job.cluster.num_devices and not p.plan.remat
@@ -85,10 +108,17 @@ def _row(job: Job, rank: int, p: Priced, baseline: Priced | None, manual: list[s
 
 
 def _name(p: Priced) -> str:
-    plan, stage = p.plan, p.plan.stages[0]
-    parts = [f"pp{len(plan.stages)} dp{stage.dp} op{stage.op}"] + ["remat"] * plan.remat
+    """E.g. "pp2 dp4 op1 1F1B contiguous"; where stages differ, per stage: "pp2 dp[2,1] op1 groups[1,3] ..."."""
+    plan, stages = p.plan, p.plan.stages
+    parts = [f"pp{len(stages)} dp{_per_stage([s.dp for s in stages])} op{_per_stage([s.op for s in stages])}"]
+    counts = [len(s.groups) for s in stages]
+    parts += [f"groups{_per_stage(counts)}"] * (len(set(counts)) > 1) + ["remat"] * plan.remat
     parts += ["zero2"] * plan.reduce_scatter + ([plan.schedule] if len(plan.stages) > 1 else [])
     return " ".join(parts + ["batch@op"] * (plan.batch_axis == "op") + [plan.placement])
+
+
+def _per_stage(values: list[int]) -> str:
+    return str(values[0]) if len(set(values)) == 1 else "[" + ",".join(map(str, values)) + "]"
 
 
 def _cell(value: object) -> str:
