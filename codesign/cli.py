@@ -162,17 +162,16 @@ def _max_concurrent(args: argparse.Namespace, config: Config, address: str | Non
 def run(planned: list[PlannedJob], args: argparse.Namespace, executor: Executor,
         max_concurrent: int | None, config: Config) -> int:
     """The sweep; SIGINT or SIGTERM kills the running jobs, records them and exits 128 + signal."""
-    from codesign.planner.cost import predict
     from codesign.report.tables import sweep_summary
     from codesign.run.profiling import ensure_profiles
-    from codesign.run.sweep import Stopped, run_sweep, signals_stop_the_sweep
+    from codesign.run.sweep import Pricing, Stopped, run_sweep, signals_stop_the_sweep
 
     store = Store(args.db)
     try:
         book = ensure_profiles(store, planned)
         with signals_stop_the_sweep():
             summary = run_sweep(planned, store, executor, args.retry_failed, args.manual_job_timeout,
-                                max_concurrent, lambda job: predict(job, book, config.links))
+                                max_concurrent, Pricing(book, config.links))
         keys = {item.key for item in planned}
         table = sweep_summary([row for row in store.attempts() if row["job_key"] in keys])
     except Stopped as stop:

@@ -106,7 +106,14 @@ def test_a_release_db_is_re_keyed_and_keeps_its_skips(tmp_path):
     store.close()
     rerun = run_cli("-c", str(DATA / "results_v0.1.0.toml"), "-d", str(db), cwd=tmp_path)
     assert rerun.returncode == 0, rerun.stderr
-    assert "skipped (already recorded or running elsewhere): 3" in rerun.stderr
+    assert "attempted: 1 succeeded; skipped (already recorded or running elsewhere): 3" in rerun.stderr
+    store = Store(db)
+    auto = store.attempts()[-1]  # the Auto search job 0.1.0 rejected: its plan chosen, run, recorded
+    store.close()
+    assert (auto["job_key"], auto["status"], auto["description"]) == (GOLDEN_KEYS[("Auto search", 1)],
+                                                                      "succeeded", "Auto search")
+    assert auto["avg"] > 0 and auto["predicted_time"] > 0 and auto["pp_dp_op"].startswith("[")
+    assert json.loads(auto["all_configs"])["auto_search"]["priced"] >= 1
 
 
 BENCH_SMOKE = {  # "{db}": a copy of the 0.1.0 results DB
@@ -119,6 +126,7 @@ BENCH_SMOKE = {  # "{db}": a copy of the 0.1.0 results DB
     "bench_step.py": ["--model", "small", "--batch", "8", "--steps", "1", "--precision", "fp32"],
     "bench_plans.py": ["-c", str(DATA / "results_v0.1.0.toml"), "--timeout", "120"],
     "bench_report.py": ["--attempts", "200"],
+    "bench_auto.py": ["--models", "tiny", "--devices", "1", "--micro", "1", "--iters", "3"],
 }
 
 

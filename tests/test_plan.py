@@ -104,8 +104,7 @@ def test_simulated_clusters_are_recorded_with_predictions_and_skipped_on_rerun(t
     proc = run_cli("-c", "c.toml", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     attempts = rows(tmp_path / "results.db")
-    assert [r["status"] for r in attempts].count("simulated") == 2  # the two 8-GPU manual specs
-    assert [r["status"] for r in attempts].count("invalid") == 3  # Auto search: not supported yet
+    assert [r["status"] for r in attempts].count("simulated") == 5  # two 8-GPU manual specs, 3 Auto search
     for r in attempts:
         if r["status"] == "simulated":
             assert r["predicted_time"] > 0 and r["predicted_memory"] > 0 and r["platform"] == "sim"
@@ -113,11 +112,14 @@ def test_simulated_clusters_are_recorded_with_predictions_and_skipped_on_rerun(t
             prediction = json.loads(r["all_configs"])["prediction"]
             assert prediction["device_kind"] == "H100" and prediction["fits"] is True
             assert prediction["seconds"] == r["predicted_time"]
+    auto = [r for r in attempts if r["description"] == "Auto search"]
+    assert [(r["num_nodes"] * r["gpus_per_node"], "chosen_plan" in r["all_configs"]) for r in auto] == [
+        (8, True), (16, True), (64, True)]
     again = run_cli("-c", "c.toml", "--retry-failed", cwd=tmp_path)  # simulated counts as finished
-    assert "attempted: 3 invalid; skipped (already recorded or running elsewhere): 2" in again.stderr
-    assert export_csv(tmp_path / "results.db", tmp_path / "all.csv", "all") == 8
+    assert "attempted: none; skipped (already recorded or running elsewhere): 5" in again.stderr
+    assert export_csv(tmp_path / "results.db", tmp_path / "all.csv", "all") == 5
     frame = pd.read_csv(tmp_path / "all.csv")
-    assert (frame["status"] == "simulated").sum() == 2 and frame["predicted_time"].notna().sum() == 2
+    assert (frame["status"] == "simulated").sum() == 5 and frame["predicted_time"].notna().sum() == 5
 
 
 def test_migration_allows_simulated_keeps_views_and_moves_xla_memory(tmp_path):

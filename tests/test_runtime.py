@@ -48,7 +48,9 @@ def test_warm_up_steps_are_trained_but_not_timed():
     assert (len(losses), len(times), energy) == (6, 4, None)
 
 
-def test_auto_search_is_invalid_until_supported():
+def test_an_auto_search_job_without_a_chosen_plan_is_invalid():
+    """The orchestrator chooses an Auto search job's plan; the job body never guesses one."""
     job = dataclasses.replace(JOB, parallel=ParallelSpec("Auto search", (1,), 1))
     outcome = job_body.run_job(job)
-    assert (outcome.status, outcome.error) == ("invalid", "Auto search is not supported yet")
+    assert (outcome.status, outcome.error) == (
+        "invalid", "an Auto search spec describes no plan: the toolkit chooses one (planner.auto.choose_plan)")

@@ -112,11 +112,11 @@ def test_plan_json_round_trips_and_is_checked_against_the_job():
 def test_a_chosen_plan_that_does_not_fit_its_job_is_invalid():
     plan = plan_from_stages(JOB, [[0, 1], [2, 3]], [[0, 1, 2], [3]], [(3, 1), (1, 1)])
     on_two = dataclasses.replace(JOB, cluster=ClusterSpec(1, 2, "NVLink", "cpu"), training=TrainingSpec(6, 2))
-    outcome = run_job(on_two, plan)
+    outcome = run_job(on_two, [plan])
     assert (outcome.status, outcome.error) == ("invalid", "device(s) [2, 3] are outside the cluster of 2 devices")
     data = plan.to_dict()
     data["stages"][1]["groups"] = [[3]]
-    outcome = run_job(JOB, Plan.from_dict(data))
+    outcome = run_job(JOB, [Plan.from_dict(data)])
     assert outcome.status == "invalid" and "each layer group must take a contiguous run of the 4 layers" in outcome.error
 
 
@@ -156,7 +156,7 @@ def test_job_body_runs_the_chosen_plan_and_the_store_records_it(tmp_path, monkey
     store = Store(tmp_path / "r.db")
     attempt = store.claim("auto", job, retry_failed=False)
     executor = LocalExecutor()
-    run = executor.start(job, 300, plan)
+    run = executor.start(job, 300, [plan])
     ((_, outcome),) = executor.wait([run], 300)
     assert outcome.status == "succeeded", outcome.error
     assert [s["device_ids"] for s in outcome.plan["stages"]] == [[1, 2, 3], [0]]

@@ -3,8 +3,9 @@
 Runs in its own process (`python -m codesign.engine.job JOB.json OUTCOME.json`), with the
 platform chosen through the environment before JAX starts; a multi-host job runs one such
 process per host, joined by jax.distributed (each writes its outcome; host 0's is kept). Everything it learns goes
-into an Outcome; the orchestrator records it. JOB.json may also carry, under "chosen_plan", a plan
-the toolkit chose (Plan.to_dict()): it runs instead of the plan of the job's manual spec.
+into an Outcome; the orchestrator records it. JOB.json may also carry, under "chosen_plans", plans
+the toolkit chose (Plan.to_dict(), best predicted first): the plan runs instead of the plan of the
+job's manual spec; with several (auto_trials), each is trialled for a few steps and the fastest runs.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import platform as pyplatform
 import sys
 import time
 import traceback
-from typing import Any
+from typing import Any, Sequence
 
 import jax
 import numpy as np
@@ -28,10 +29,12 @@ from codesign.engine.programs import DoesNotFit, ensure_fits
 from codesign.engine.step import build_single_stage
 from codesign.errors import PlanError
 from codesign.outcome import FAILED, INVALID, OOM, SUCCEEDED, Outcome, write_outcome
+from codesign.planner.columns import plan_columns
 from codesign.planner.plan import Plan, check_plan, make_plan
 from codesign.spec.types import Job
 
 log = logging.getLogger(__name__)
+TRIAL_STEPS = 3  # steps of each auto_trials candidate; the first (compilation's warm-up) is not timed
 
 
 def build_training(job: Job, plan: Plan) -> programs.Training:
@@ -75,19 +78,38 @@ def peak_memory(training: programs.Training, devices) -> int | None:
     return training.memory.get("peak")
 
 
-def run_job(job: Job, chosen: Plan | None = None) -> Outcome:
+def run_job(job: Job, chosen: Sequence[Plan] = ()) -> Outcome:
     """Run the job under the plan the toolkit chose for it (checked against the job; the outcome
-    carries it) or, without one, under the plan its manual spec describes."""
+    carries it), the fastest as measured of several, or, without one, under the plan its manual
+    spec describes."""
     try:
-        if chosen is not None:
-            check_plan(job, chosen)
-        plan = chosen or make_plan(job)
+        for plan in chosen:
+            check_plan(job, plan)
+        plans = list(chosen) or [make_plan(job)]
     except PlanError as err:
         return Outcome(INVALID, error=str(err))
+    trials = [trial(job, plan) for plan in plans] if len(plans) > 1 else []
+    timed = [(t["measured_time"], i) for i, t in enumerate(trials) if t["measured_time"] is not None]
+    plan = plans[min(timed)[1] if timed else 0]
     outcome = run_plan(job, plan)
-    if chosen is not None:
-        outcome.chosen_plan = chosen.to_dict()
+    if chosen:
+        outcome.chosen_plan = plan.to_dict()
+    if trials:
+        outcome.metrics["auto_trials"] = trials
     return outcome
+
+
+def trial(job: Job, plan: Plan) -> dict[str, Any]:
+    """A few steps of one candidate plan (all_configs["auto_trials"]): the plan in the manual
+    spec's columns, its median step time after the first, or why it could not run."""
+    columns = {**plan_columns(plan, job.cluster.num_devices_per_host),
+               "layers": [list(s.layers) for s in plan.stages]}
+    try:
+        _, times = train_steps(build_training(job, plan), TRIAL_STEPS)
+    except Exception as err:  # a plan that fails its trial just loses it
+        return {**columns, "measured_time": None, "error": f"{type(err).__name__}: {str(err)[:500]}"}
+    log.info("trial of %s: %.4f s per step", columns["pp_dp_op"], float(np.median(times[1:])))
+    return {**columns, "measured_time": float(np.median(times[1:]))}
 
 
 def run_plan(job: Job, plan: Plan) -> Outcome:
@@ -157,8 +179,8 @@ def main(argv: list[str]) -> int:
     configure_jax(os.environ.get("CODESIGN_CACHE_DIR"))
     with open(job_path) as f:
         data = json.load(f)
-    chosen = data.get("chosen_plan")
-    write_outcome(outcome_path, run_job(Job.from_dict(data), Plan.from_dict(chosen) if chosen else None))
+    chosen = [Plan.from_dict(plan) for plan in data.get("chosen_plans", ())]
+    write_outcome(outcome_path, run_job(Job.from_dict(data), chosen))
     return 0
 
 

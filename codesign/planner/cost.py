@@ -469,7 +469,11 @@ def predict(job: Job, book: ProfileBook, links: Iterable[LinkSpec] = ()) -> dict
     except PlanError:
         return {}
     profile = book.for_job(job)
-    found = estimate(Workload.of(job, profile, links), plan)
+    return recorded(estimate(Workload.of(job, profile, links), plan), profile)
+
+
+def recorded(found: Estimate, profile: DeviceProfile) -> dict[str, object]:
+    """An estimate as an attempt records it: predicted_time, predicted_memory, the breakdown."""
     return {"predicted_time": found.seconds, "predicted_memory": found.peak_bytes,
             "prediction": {**found.breakdown(), "device_kind": profile.kind, "profile": profile.source}}
 

@@ -86,7 +86,7 @@ def make_plan(job: Job) -> Plan:
     """The concrete plan for a manual parallel spec; PlanError says why it cannot run."""
     parallel = job.parallel
     if parallel.is_auto:
-        raise PlanError("Auto search is not supported yet")
+        raise PlanError("an Auto search spec describes no plan: the toolkit chooses one (planner.auto.choose_plan)")
     pp, dp, op = parallel.pp_dp_op
     groups = layer_groups(job)
     stage_groups = split_stages(groups, pp)

@@ -104,6 +104,8 @@ def plan_label(row: dict[str, Any]) -> str:
     parts = [str(row["description"])]
     if not np.isnan(row["pp"]):
         parts.append(f"pp{row['pp']:.0f} dp{row['dp']:.0f} op{row['op']:.0f}")
+    elif isinstance(row.get("pp_dp_op"), str):  # a chosen plan whose stages differ: [pp, dp, op] with lists
+        parts.append(f"pp_dp_op {row['pp_dp_op']}")
     if not np.isnan(row["num_micro_batches"]):
         parts.append(f"mb{row['num_micro_batches']:.0f}")
     if row["num_auto_layers"] > 1:

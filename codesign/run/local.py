@@ -57,13 +57,13 @@ def job_env(job: Job, cache_dir: str | None, local_devices: int | None = None,
 class JobProcess:
     """One job body, `python -m MODULE JOB.json OUTCOME.json`, under a guard leading its own
     process group; the group dies when this process does (see `guard`). JOB.json holds the job
-    and, under "chosen_plan", the plan the toolkit chose for it, if any."""
+    and, under "chosen_plans", the plans the toolkit chose for it, best predicted first, if any."""
 
-    def __init__(self, job: Job, env: dict[str, str], job_module: str, plan: Plan | None = None):
+    def __init__(self, job: Job, env: dict[str, str], job_module: str, plans: Sequence[Plan] = ()):
         self._tmp = tempfile.TemporaryDirectory(prefix="codesign-job-")
         tmp = Path(self._tmp.name)
         self.outcome_file, self.log_file = tmp / "outcome.json", tmp / "log"
-        chosen = {"chosen_plan": plan.to_dict()} if plan else {}
+        chosen = {"chosen_plans": [plan.to_dict() for plan in plans]} if plans else {}
         (tmp / "job.json").write_text(json.dumps({**job.to_dict(), **chosen}))
         lifeline, self._lifeline = os.pipe()  # we hold the write end until the job is over
         self._closing = threading.Lock()
@@ -153,10 +153,10 @@ class LocalExecutor:
         """CPU jobs share the machine; a GPU job holds every GPU, so it runs alone."""
         return not running or (job.platform == "cpu" and all(r.job.platform == "cpu" for r in running))
 
-    def start(self, job: Job, timeout: float, plan: Plan | None = None) -> LocalRun:
-        """Run the job under the plan given (one the toolkit chose), else its manual spec's."""
-        return LocalRun(job, timeout, JobProcess(job, job_env(job, self.cache_dir), self.job_module,
-                                                 plan=plan))
+    def start(self, job: Job, timeout: float, plans: Sequence[Plan] = ()) -> LocalRun:
+        """Run the job under the plans given (the toolkit chose them; with several, the fastest
+        as measured), else under its manual spec's."""
+        return LocalRun(job, timeout, JobProcess(job, job_env(job, self.cache_dir), self.job_module, plans))
 
     def wait(self, running: Sequence[LocalRun], seconds: float) -> list[tuple[LocalRun, Outcome]]:
         """Block until some jobs end (or overstay) or seconds pass; returns those that ended."""

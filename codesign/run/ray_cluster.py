@@ -80,12 +80,12 @@ class HostShare:
             return f"{ip}:{s.getsockname()[1]}"
 
     def run(self, job: Job, process_id: int, num_processes: int, coordinator: str | None,
-            plan: Plan | None = None) -> Outcome:
+            plans: Sequence[Plan] = ()) -> Outcome:
         extra = {} if coordinator is None else {
             "CODESIGN_COORDINATOR": coordinator, "CODESIGN_NUM_PROCESSES": str(num_processes),
             "CODESIGN_PROCESS_ID": str(process_id)}
         env = job_env(job, self.cache_dir, job.cluster.num_devices_per_host, extra)
-        self.process = JobProcess(job, env, self.job_module, plan=plan)
+        self.process = JobProcess(job, env, self.job_module, plans)
         return self.process.result(self.process.proc.wait())
 
     def stop(self) -> None:
@@ -106,7 +106,7 @@ class RayRun:
     group: PlacementGroup
     ready: Any  # ObjectRef that resolves when the group's bundles are reserved
     submitted: float
-    plan: Plan | None = None  # chosen by the toolkit; None: the job's manual spec's
+    plans: Sequence[Plan] = ()  # chosen by the toolkit, best predicted first; none: the manual spec's
     started: float | None = None
     actors: list = field(default_factory=list)
     shares: dict = field(default_factory=dict)  # ObjectRef of a host's run() -> host index, until it returns
@@ -135,11 +135,11 @@ class RayExecutor:
         """Start jobs until one has to wait for resources; Ray queues no more behind it."""
         return not any(run.pending for run in running)
 
-    def start(self, job: Job, timeout: float, plan: Plan | None = None) -> RayRun:
+    def start(self, job: Job, timeout: float, plans: Sequence[Plan] = ()) -> RayRun:
         bundle = {"CPU": 1, **({"GPU": job.cluster.num_devices_per_host} if job.platform == "gpu" else {})}
         strategy = "STRICT_SPREAD" if job.cluster.num_hosts > 1 else "PACK"
         group = placement_group([bundle] * job.cluster.num_hosts, strategy=strategy)
-        return RayRun(job, timeout, group, group.ready(), time.monotonic(), plan)
+        return RayRun(job, timeout, group, group.ready(), time.monotonic(), tuple(plans))
 
     def wait(self, running: Sequence[RayRun], seconds: float) -> list[tuple[RayRun, Outcome]]:
         """Block until some host reports or a deadline passes (at most seconds); returns ended jobs."""
@@ -187,7 +187,7 @@ class RayExecutor:
             scheduling_strategy=PlacementGroupSchedulingStrategy(run.group, placement_group_bundle_index=i),
         ).remote(self.job_module, self.cache_dir) for i in range(hosts)]
         coordinator = run.actors[0].coordinator_address.remote() if hosts > 1 else None
-        run.shares = {actor.run.remote(run.job, i, hosts, coordinator, run.plan): i
+        run.shares = {actor.run.remote(run.job, i, hosts, coordinator, run.plans): i
                       for i, actor in enumerate(run.actors)}
 
     def _share_result(self, run: RayRun, ref: Any, host: int) -> Outcome | None:

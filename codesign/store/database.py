@@ -49,6 +49,8 @@ NOW = "((julianday('now') - 2440587.5) * 86400.0)"  # the DB clock, in unix seco
 # Errors earlier versions recorded that said nothing about the job itself: such attempts don't
 # count, so a plain rerun runs their jobs (codesign 0.1.0 recorded every Auto search job so).
 RETIRED_ERRORS = ("Auto search is not supported yet",)
+# What an outcome reports beside the metric columns, kept under its name in all_configs.
+CONFIG_METRICS = ("losses", "prediction", "auto_search", "auto_trials")
 
 
 
@@ -211,8 +213,7 @@ class Store:
             row = conn.execute("SELECT all_configs, gpus_per_node FROM attempts WHERE id = ?",
                                (attempt_id,)).fetchone()
             extra = {k: v for k, v in (("plan", outcome.plan), ("chosen_plan", outcome.chosen_plan),
-                                       ("losses", outcome.metrics.get("losses")),
-                                       ("prediction", outcome.metrics.get("prediction"))) if v}
+                                       *((k, outcome.metrics.get(k)) for k in CONFIG_METRICS)) if v}
             if extra and row:
                 values["all_configs"] = json.dumps({**json.loads(row["all_configs"]), **extra})
             if outcome.chosen_plan and row:

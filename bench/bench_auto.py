@@ -1,0 +1,128 @@
+"""Auto search against every manual plan: measured step time per (model, cluster, micro-batches).
+
+Runs a real sweep (the orchestrator chooses each Auto search plan, the job body runs it, the
+store records it) over small ZHEN models on virtual CPU devices, with an Auto search spec beside
+every manual (pp, dp, op) plan of each cluster, then prints per group Auto's median step time
+over the best manual plan's, and the median and the largest ratio (targets: <= 1.10, <= 1.5).
+Step times on a loaded machine are noisy: run it on a quiet one and read the load it prints.
+
+    python bench/bench_auto.py                                     # mixed model, 4 and 8 devices, mb 1 2 4
+    python bench/bench_auto.py --models mixed uniform              # two models (twice the jobs)
+    python bench/bench_auto.py -d auto.db                          # keep the DB: a rerun reprints it
+    python bench/bench_auto.py --devices 4 --micro 2 --models mixed
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import statistics
+import tempfile
+from pathlib import Path
+
+from codesign.run.local import LocalExecutor
+from codesign.run.profiling import ensure_profiles
+from codesign.run.sweep import Pricing, run_sweep
+from codesign.spec.config import load_config
+from codesign.spec.hosts import Hosts
+from codesign.spec.jobs import enumerate_jobs
+from codesign.store.database import Store
+
+MODELS = {  # name: the [[model]] table (4 layers: pp 1, 2 and 4 all divide them)
+    "tiny": 'num_features = 8\nemb_dim = 4\noutput_per_emb = 2\nnum_zhen_layers = 2\ntokens = ["LINEAR", "DOT"]',
+    "uniform": ('num_features = 32\nemb_dim = 16\noutput_per_emb = 8\nnum_zhen_layers = 4\n'
+                'tokens = ["ATTENTION", "LINEAR"]'),
+    "mixed": ('num_features = 32\nemb_dim = 16\noutput_per_emb = 8\nnum_zhen_layers = 4\n'
+              'tokens = [["DOT", "ATTENTION"], ["LINEAR"], ["CONVOLUTION", "LINEAR"], ["DOT"]]'),
+}
+
+
+def manual_specs(devices: int, layers: int) -> list[tuple[int, int, int]]:
+    """Every (pp, dp, op) of a cluster: pp divides the layers, pp * dp * op = devices."""
+    return [(pp, dp, devices // pp // dp) for pp in range(1, layers + 1) if layers % pp == 0 and devices % pp == 0
+            for dp in range(1, devices // pp + 1) if (devices // pp) % dp == 0]
+
+
+def config_text(models: list[str], devices: list[int], micro: list[int], iters: int, batch: int) -> str:
+    layers = max(int(MODELS[m].split("num_zhen_layers = ")[1].split()[0]) for m in models)
+    parts = [f"[training_spec]\navg_batch_size_per_device = {batch}\nnum_iters = {iters}\n"]
+    parts += [f"[[model]]\n{MODELS[m]}\n" for m in models]
+    parts += [f'[[cluster_spec]]\nnum_hosts = 1\nnum_devices_per_host = {n}\ntransport = "NVLink"\nplatform = "cpu"\n'
+              for n in devices]
+    parts.append(f'[[parallel_spec]]\ndescription = "Auto search"\nnum_micro_batches = {micro}\n')
+    for n in devices:
+        for pp, dp, op in manual_specs(n, layers):
+            parts.append(f'[[parallel_spec]]\ndescription = "pp{pp} dp{dp} op{op}"\nnum_micro_batches = {micro}\n'
+                         f'num_auto_layers = {layers}\n"(pp, dp, op)" = [{pp}, {dp}, {op}]\n')
+    return "\n".join(parts)
+
+
+def groups(rows: list[dict]) -> dict[tuple, dict[str, list[dict]]]:
+    """(model, cluster, micro-batches) -> {"auto": its attempts, "manual": the manual ones}."""
+    out: dict[tuple, dict[str, list[dict]]] = {}
+    for r in rows:
+        spec = json.loads(r["all_configs"])
+        key = (f"F{r['input_features']} L{r['num_zhen_layers']} {r['token_mixer']}",
+               f"{r['num_nodes']}x{r['gpus_per_node']}", r["num_micro_batches"])
+        kind = "auto" if spec["parallel"]["description"] == "Auto search" else "manual"
+        out.setdefault(key, {"auto": [], "manual": []})[kind].append(r)
+    return out
+
+
+def report(rows: list[dict]) -> list[float]:
+    """Print one line per group; returns Auto/best-manual ratios of the groups where both ran."""
+    print(f"{'model':<58}{'cluster':>8}{'mb':>4}{'auto ms':>9}{'best ms':>9}{'ratio':>7}  auto plan | best manual")
+    ratios = []
+    for (model, cluster, micro), found in sorted(groups(rows).items()):
+        auto = [r for r in found["auto"] if r["status"] == "succeeded"]
+        manual = [r for r in found["manual"] if r["status"] == "succeeded"]
+        if not auto or not manual:
+            why = (found["auto"] or [{"status": "none", "error": ""}])[0]
+            print(f"{model[:57]:<58}{cluster:>8}{micro:>4}  auto {why['status']}, {len(manual)} manual ran "
+                  f"{(why['error'] or '').strip().splitlines()[-1:]}")
+            continue
+        best = min(manual, key=lambda r: r["median"])
+        ratio = auto[0]["median"] / best["median"]
+        ratios.append(ratio)
+        print(f"{model[:57]:<58}{cluster:>8}{micro:>4}{auto[0]['median'] * 1e3:>9.2f}{best['median'] * 1e3:>9.2f}"
+              f"{ratio:>7.2f}  {auto[0]['pp_dp_op']} groups {auto[0]['num_auto_layers']} | {best['description']}")
+    return ratios
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", default=["mixed"], choices=sorted(MODELS),
+                        help="Models of the same depth (default: mixed; add uniform for a second one).")
+    parser.add_argument("--devices", nargs="+", type=int, default=[4, 8], help="Virtual CPU devices per cluster.")
+    parser.add_argument("--micro", nargs="+", type=int, default=[1, 2, 4], help="Micro-batch counts.")
+    parser.add_argument("--iters", type=int, default=6, help="Iterations per job (2 warm-up).")
+    parser.add_argument("--batch", type=int, default=8, help="Samples per device.")
+    parser.add_argument("--timeout", type=float, default=300, help="Seconds per job.")
+    parser.add_argument("-d", "--db", help="Keep the results DB here (default: a temporary one).")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+    with tempfile.TemporaryDirectory(prefix="bench-auto-") as tmp:
+        path = Path(tmp) / "auto.toml"
+        path.write_text(config_text(args.models, args.devices, args.micro, args.iters, args.batch))
+        config = load_config(path)
+        planned = list(enumerate_jobs(config, Hosts.local(0)))
+        store = Store(args.db or Path(tmp) / "results.db")
+        load = os.getloadavg()[0]
+        book = ensure_profiles(store, planned)
+        run_sweep(planned, store, LocalExecutor(cache_dir=None), False, args.timeout, 1, Pricing(book, config.links))
+        rows = store.attempts()
+        store.close()
+    searches = [json.loads(r["all_configs"])["auto_search"]["search_seconds"] for r in rows
+                if "auto_search" in (r["all_configs"] or "")]
+    print(f"{len(planned)} jobs on {os.cpu_count()} cores, load average {load:.1f} before, "
+          f"{os.getloadavg()[0]:.1f} after; cost model profile: {book.for_job(planned[0].job).source}")
+    ratios = report(rows)
+    if ratios:
+        print(f"Auto / best manual over {len(ratios)} groups: median {statistics.median(ratios):.2f} (target <= 1.10), "
+              f"max {max(ratios):.2f} (target <= 1.5); search time max {max(searches):.3f} s")
+
+
+if __name__ == "__main__":
+    main()
