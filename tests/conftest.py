@@ -1,4 +1,5 @@
 import os
+import sqlite3
 import subprocess
 import sys
 import textwrap
@@ -37,6 +38,16 @@ description = "data parallel"
 num_micro_batches = [1, 3]
 "(pp, dp, op)" = [1, 2, 1]
 """
+
+
+def db_rows(db) -> list[dict]:
+    """Every attempt as a user's own SQL sees it (straight from the file, not through the store)."""
+    conn = sqlite3.connect(db)
+    conn.row_factory = sqlite3.Row
+    try:
+        return [dict(r) for r in conn.execute("SELECT * FROM attempts ORDER BY id")]
+    finally:
+        conn.close()
 
 
 def run_cli(*args: str, cwd: Path, timeout: float = 600, env: dict | None = None):

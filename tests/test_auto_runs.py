@@ -4,7 +4,6 @@ plan in the manual spec's columns, its prediction and the search."""
 
 import dataclasses
 import json
-import sqlite3
 
 import pytest
 
@@ -20,7 +19,7 @@ from codesign.spec.hosts import Hosts
 from codesign.spec.jobs import enumerate_jobs
 from codesign.spec.types import ClusterSpec, Job, ModelSpec, ParallelSpec, TrainingSpec
 from codesign.store.database import Store
-from tests.conftest import run_cli, run_on_devices
+from tests.conftest import db_rows, run_cli, run_on_devices
 from tests.test_pipeline import FAST_XLA
 
 TOKENS = (("ATTENTION", "LINEAR"), ("DOT",), ("CONVOLUTION", "LINEAR"), ("DOT", "LINEAR"))
@@ -67,14 +66,6 @@ print(json.dumps({"ref": reference["losses"],
 """
 
 
-def attempts(db) -> list[dict]:
-    conn = sqlite3.connect(db)
-    conn.row_factory = sqlite3.Row
-    try:
-        return [dict(r) for r in conn.execute("SELECT * FROM attempts ORDER BY id")]
-    finally:
-        conn.close()
-
 
 def uniform(plan: Plan) -> bool:
     return len({(s.dp, s.op) for s in plan.stages}) == 1
@@ -84,7 +75,7 @@ def run_config(tmp_path, config: str) -> dict:
     (tmp_path / "c.toml").write_text(config)
     proc = run_cli("-c", "c.toml", cwd=tmp_path, env={"XLA_FLAGS": FAST_XLA})
     assert proc.returncode == 0, proc.stderr
-    (row,) = attempts(tmp_path / "results.db")
+    (row,) = db_rows(tmp_path / "results.db")
     return row
 
 

@@ -2,7 +2,6 @@
 
 import os
 import shutil
-import sqlite3
 import stat
 import subprocess
 import sys
@@ -18,16 +17,7 @@ from codesign.spec.hosts import Hosts
 from codesign.spec.jobs import enumerate_jobs
 from codesign.store.database import Store
 from codesign.store.schema import LEGACY_COLUMNS
-from tests.conftest import REPO, SMALL_CONFIG, run_cli
-
-
-def rows(db) -> list[dict]:
-    conn = sqlite3.connect(db)
-    conn.row_factory = sqlite3.Row
-    try:
-        return [dict(r) for r in conn.execute("SELECT * FROM attempts ORDER BY id")]
-    finally:
-        conn.close()
+from tests.conftest import REPO, SMALL_CONFIG, db_rows, run_cli
 
 
 def test_dry_run_lists_fixture_jobs_and_writes_nothing(tmp_path, fixture_config):
@@ -79,7 +69,7 @@ def test_default_command_runs_the_default_config(default_sweep):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout == ""
     assert "attempted: 2 succeeded; skipped (already recorded or running elsewhere): 12" in proc.stderr
-    attempts = rows(cwd / "results.db")
+    attempts = db_rows(cwd / "results.db")
     assert len(attempts) == 14
     ran = [r for r in attempts if r["status"] == "succeeded"]
     assert [(r["gpus_per_node"], r["num_micro_batches"]) for r in ran] == [(1, 1), (4, 2)]
@@ -95,7 +85,7 @@ def test_rerun_attempts_nothing(default_sweep):
     proc = run_cli(cwd=cwd)
     assert proc.returncode == 0
     assert "attempted: none; skipped (already recorded or running elsewhere): 14" in proc.stderr
-    assert len(rows(cwd / "results.db")) == 14
+    assert len(db_rows(cwd / "results.db")) == 14
     dry = run_cli("-D", cwd=cwd)
     assert "14 jobs: 0 run, 14 skip" in dry.stdout
 
@@ -145,7 +135,7 @@ def test_retry_failed_reruns_only_the_failed(tmp_path):
     (tmp_path / "c.toml").write_text(SMALL_CONFIG)
     proc = run_cli("-c", "c.toml", cwd=tmp_path)
     assert proc.returncode == 0 and proc.stdout == ""
-    first = rows(tmp_path / "results.db")
+    first = db_rows(tmp_path / "results.db")
     assert [r["status"] for r in first] == ["succeeded", "invalid"]
     assert "global batch 8 is not divisible by num_micro_batches = 3" in first[1]["error"]
     expected = ["F8 D4 O2 L1 [LD]", "1x2 NVLink (cpu)", "data parallel | pp1 dp2 op1 | mb1",
@@ -153,10 +143,10 @@ def test_retry_failed_reruns_only_the_failed(tmp_path):
     assert_summary(proc.stderr, expected)
     again = run_cli("-c", "c.toml", cwd=tmp_path)
     assert again.returncode == 0 and again.stdout == ""
-    assert len(rows(tmp_path / "results.db")) == 2
+    assert len(db_rows(tmp_path / "results.db")) == 2
     assert_summary(again.stderr, expected)  # nothing ran: the summary comes from the recorded attempts
     assert run_cli("-c", "c.toml", "--retry-failed", cwd=tmp_path).returncode == 0
-    again = rows(tmp_path / "results.db")
+    again = db_rows(tmp_path / "results.db")
     assert [(r["job_key"], r["status"]) for r in again[2:]] == [(first[1]["job_key"], "invalid")]
 
 
@@ -164,7 +154,7 @@ def test_a_job_past_its_timeout_is_killed_and_the_next_runs(tmp_path):
     (tmp_path / "c.toml").write_text(SMALL_CONFIG.replace("[1, 3]", "[1, 2]"))
     proc = run_cli("-c", "c.toml", "--manual-job-timeout", "0.5", cwd=tmp_path)
     assert proc.returncode == 0
-    attempts = rows(tmp_path / "results.db")
+    attempts = db_rows(tmp_path / "results.db")
     assert [r["status"] for r in attempts] == ["timeout", "timeout"]
     assert all(0.5 <= r["job_duration"] < 10 for r in attempts)
 
@@ -197,7 +187,7 @@ def test_precision_is_recorded_on_every_attempt(tmp_path):
     text = SMALL_CONFIG.replace("num_iters = 3", 'num_iters = 3\nprecision = "bf16"').replace("[1, 3]", "[1]")
     (tmp_path / "c.toml").write_text(text)
     assert run_cli("-c", "c.toml", cwd=tmp_path).returncode == 0
-    (attempt,) = rows(tmp_path / "results.db")
+    (attempt,) = db_rows(tmp_path / "results.db")
     assert (attempt["status"], attempt["precision"]) == ("succeeded", "bf16")
     assert attempt["energy_per_iter"] is None  # no GPU, no NVML counter: absent, not zero
 
@@ -207,7 +197,7 @@ def test_jobs_this_machine_cannot_provide_are_counted_not_recorded(tmp_path, fix
     assert proc.returncode == 0, proc.stderr
     assert "codesign: not attempted, 6 job(s): needs 1 GPUs; this machine has 0" in proc.stderr
     assert "codesign: not attempted, 27 job(s): needs 2 GPU hosts; this machine is one host" in proc.stderr
-    assert rows(tmp_path / "r.db") == []
+    assert db_rows(tmp_path / "r.db") == []
 
 
 def fake_nvidia_smi(tmp_path, listing: str) -> dict:

@@ -13,21 +13,13 @@ from codesign.outcome import Outcome
 from codesign.spec.types import ClusterSpec, Job, ModelSpec, ParallelSpec, TrainingSpec
 from codesign.store.database import Store
 from codesign.store.export import export_csv
-from tests.conftest import REPO, run_cli
+from tests.conftest import REPO, db_rows, run_cli
 
 SIM_JOB = Job(ModelSpec(4, 2, 1, 1, (("LINEAR",),)), ClusterSpec(1, 8, "NVLink", "sim", "H100"),
               TrainingSpec(2, 2), ParallelSpec("dp", (1,), 1, False, (1, 8, 1)), 1, "sim")
 
 SEED_SIM = (REPO / "bench" / "plan_sim.toml").read_text()  # seed model on 8, 16, 64 simulated H100s
 
-
-def rows(db) -> list[dict]:
-    conn = sqlite3.connect(db)
-    conn.row_factory = sqlite3.Row
-    try:
-        return [dict(r) for r in conn.execute("SELECT * FROM attempts ORDER BY id")]
-    finally:
-        conn.close()
 
 
 def test_plan_ranks_every_plan_of_each_cluster_and_marks_manual_specs(tmp_path):
@@ -103,7 +95,7 @@ def test_simulated_clusters_are_recorded_with_predictions_and_skipped_on_rerun(t
     (tmp_path / "c.toml").write_text(SEED_SIM)
     proc = run_cli("-c", "c.toml", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
-    attempts = rows(tmp_path / "results.db")
+    attempts = db_rows(tmp_path / "results.db")
     assert [r["status"] for r in attempts].count("simulated") == 5  # two 8-GPU manual specs, 3 Auto search
     for r in attempts:
         if r["status"] == "simulated":

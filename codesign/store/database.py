@@ -19,6 +19,7 @@ import json
 import os
 import socket
 import sqlite3
+import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -80,7 +81,7 @@ class Store:
         try:
             self._check_file()
             if not read_only:
-                self.conn.execute("PRAGMA journal_mode=WAL")
+                self._use_wal()
             self.conn.row_factory = sqlite3.Row
             self._check_schema(read_only)
         except BaseException:
@@ -106,6 +107,19 @@ class Store:
             self.conn.execute("ROLLBACK")
             raise
         self.conn.execute("COMMIT")
+
+    def _use_wal(self) -> None:
+        """Switch to WAL. The switch takes a lock that SQLite's busy timeout does not wait for, so
+        a second orchestrator opening the same fresh DB retries for as long as a write would."""
+        deadline = time.monotonic() + BUSY_TIMEOUT
+        while True:
+            try:
+                self.conn.execute("PRAGMA journal_mode=WAL")
+                return
+            except sqlite3.OperationalError as err:
+                if "locked" not in str(err) or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
 
     def _check_file(self) -> None:
         """Refuse a file that is not a sound SQLite DB before anything writes to it."""
