@@ -31,6 +31,9 @@ class Link:
     bandwidth: float  # bytes/s each device sends on (per direction)
     latency: float  # seconds per message step
 
+    def __str__(self) -> str:  # for the profile's progress lines
+        return f"{self.bandwidth:.3g} B/s, {self.latency * 1e6:.1f} us per step"
+
 
 @dataclass(frozen=True)
 class Rate:
@@ -39,6 +42,10 @@ class Rate:
     forward: float
     backward: float
     overhead: float
+
+    def __str__(self) -> str:  # for the profile's progress lines
+        return (f"forward {self.forward:.3g} FLOP/s, backward {self.backward:.3g} FLOP/s, "
+                f"{self.overhead * 1e6:.0f} us per call")
 
 
 @dataclass(frozen=True)
