@@ -7,10 +7,10 @@ columns (issue 12 records it). The merger switches them to the real API.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from codesign.outcome import Outcome
+from codesign.outcome import SIMULATED, Outcome
+from codesign.planner.plan import plan_from_stages
 from codesign.spec.jobs import job_key
 from codesign.spec.types import (
     AUTO_SEARCH,
@@ -52,19 +52,18 @@ def record(store: Store, job_: Job, outcome: Outcome) -> int:
 
 
 def record_simulated(store: Store, job_: Job, predicted_time: float, predicted_memory: int) -> int:
-    """TEST HELPER until issue 11 lands: a `simulated` row (priced, never run). The store of this
-    branch allows no such status, so the CHECK is bypassed; the merger uses issue 11's API."""
-    attempt = store.claim(job_key(job_), job_, retry_failed=True)
-    store.conn.execute("PRAGMA ignore_check_constraints = ON")
-    store.conn.execute("UPDATE attempts SET status = 'simulated', predicted_time = ?, predicted_memory = ?, "
-                       "device_kind = 'H100' WHERE id = ?", (predicted_time, predicted_memory, attempt))
-    store.conn.execute("PRAGMA ignore_check_constraints = OFF")
-    return attempt
+    """A `simulated` row: priced by the cost model, never run."""
+    return record(store, job_, Outcome(SIMULATED, metrics={"predicted_time": predicted_time,
+                                                           "predicted_memory": predicted_memory,
+                                                           "device_kind": "H100"}))
 
 
-def record_auto_choice(store: Store, attempt: int, degrees: tuple[int, int, int]) -> None:
-    """TEST HELPER until issue 12 lands: Auto search's chosen plan in the spec columns."""
-    store.conn.execute("UPDATE attempts SET pp_dp_op = ? WHERE id = ?", (json.dumps(list(degrees)), attempt))
+def chosen(job_: Job, degrees: tuple[int, int, int]) -> dict:
+    """Auto search's chosen plan for the job: one stage of all its groups on every device."""
+    _, dp, op = degrees
+    plan = plan_from_stages(job_, [list(range(job_.parallel.num_auto_layers))],
+                            [list(range(job_.cluster.num_devices))], [(dp, op)])
+    return plan.to_dict()
 
 
 def build(path: Path) -> None:
@@ -94,7 +93,7 @@ def build(path: Path) -> None:
     running = job(MODEL_A, C2, "still running", (2, 1, 1))
     store.claim(job_key(running), running, retry_failed=True)
     auto = job(MODEL_A, C2, AUTO_SEARCH, None)
-    record_auto_choice(store, record(store, auto, Outcome("succeeded", metrics=measured(8 / 3000, auto))), (1, 2, 1))
+    record(store, auto, Outcome("succeeded", metrics=measured(8 / 3000, auto), chosen_plan=chosen(auto, (1, 2, 1))))
 
     dpop = job(MODEL_A, C4, "dp x op", (1, 2, 2), physical_mesh_shape=(1, 4))
     record(store, dpop, Outcome("succeeded", metrics=measured(0.004, dpop, compile_time=2.5)))

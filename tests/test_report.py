@@ -243,7 +243,7 @@ def test_auto_search_is_compared_with_the_best_manual_plan(report):
     _, _, page, rows = report
     (auto,) = db_rows(rows, description="Auto search")
     (row,) = page.rows("auto")
-    assert row["Auto search plan"] == "Auto search | pp1 dp2 op1 | mb1"
+    assert row["Auto search plan"] == "Auto search | pp1 dp2 op1 | mb1 | mesh 1x2 | placed"
     assert row["best manual plan"] == "operator parallel | pp1 dp1 op2 | mb1"
     assert shown(row["Auto search samples/s"]) == pytest.approx(auto["throughput"], rel=1e-3)
     assert shown(row["manual samples/s"]) == 4000

@@ -14,10 +14,17 @@ from typing import Any, Callable, Iterable
 import numpy as np
 import pandas as pd
 
-from codesign.outcome import FAILED, INTERRUPTED, INVALID, OOM, SUCCEEDED, TIMEOUT
+from codesign.outcome import (
+    FAILED,
+    INTERRUPTED,
+    INVALID,
+    OOM,
+    SIMULATED,
+    SUCCEEDED,
+    TIMEOUT,
+)
 from codesign.spec.types import AUTO_SEARCH, ClusterSpec, ModelSpec
 
-SIMULATED = "simulated"  # issue 11's status of priced, never-run rows (codesign.outcome.SIMULATED once merged)
 SIM_PLATFORM = "sim"
 FAILURES = (FAILED, TIMEOUT, OOM, INVALID, INTERRUPTED)
 GROUP = ["model", "cluster"]

@@ -18,8 +18,9 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from codesign.errors import StoreError
+from codesign.outcome import SIMULATED
 from codesign.report import figures, fmt, tables
-from codesign.report.frame import GROUP, SIMULATED, attempts_frame, plans
+from codesign.report.frame import GROUP, attempts_frame, plans
 from codesign.store.database import Store
 
 Column = tuple[str, str, Callable[[Any], str]]  # header, frame column, formatter
