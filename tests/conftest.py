@@ -7,37 +7,13 @@ from pathlib import Path
 
 import pytest
 
+from tests.configs import SMALL_CONFIG  # noqa: F401  (the tests import it from here)
+
 REPO = Path(__file__).resolve().parents[1]
 # Sweeps in tests price with the built-in profiles instead of measuring this machine first
 # (tests/test_cost.py measures explicitly).
 os.environ.setdefault("CODESIGN_PROFILE", "builtin")
 FIXTURES = REPO.parent / "shared" / "fixtures" / "user-configs"
-
-# A config small enough to run in seconds on virtual CPU devices: one job runs, one is invalid
-# (global batch 8 over 3 micro-batches).
-SMALL_CONFIG = """
-[training_spec]
-avg_batch_size_per_device = 4
-num_iters = 3
-
-[[model]]
-num_features = 8
-emb_dim = 4
-output_per_emb = 2
-num_zhen_layers = 1
-tokens = ["LINEAR", "DOT"]
-
-[[cluster_spec]]
-num_hosts = 1
-num_devices_per_host = 2
-transport = "NVLink"
-platform = "cpu"
-
-[[parallel_spec]]
-description = "data parallel"
-num_micro_batches = [1, 3]
-"(pp, dp, op)" = [1, 2, 1]
-"""
 
 
 def db_rows(db) -> list[dict]:

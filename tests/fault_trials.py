@@ -29,27 +29,15 @@ from codesign.spec.hosts import Hosts
 from codesign.spec.jobs import PlannedJob, enumerate_jobs
 from codesign.spec.types import ClusterSpec, Job, ModelSpec, ParallelSpec, TrainingSpec
 from codesign.store.database import Store
+from tests.configs import SMALL_HEAD
 
 REPO = Path(__file__).resolve().parents[1]
 MARKER = "CODESIGN_FAULT_TRIAL"
 ORPHAN_GRACE = 5.0  # seconds a job's processes get to die after their orchestrator
 MAX_RERUNS = 6
 
-_HEAD = """
-[training_spec]
-avg_batch_size_per_device = 4
-num_iters = 3
-
-[[model]]
-num_features = 8
-emb_dim = 4
-output_per_emb = 2
-num_zhen_layers = 1
-tokens = ["LINEAR", "DOT"]
-"""
-
 # Fake jobs (tests.fault_jobs): each starts a grandchild, "trains" a while, succeeds.
-FAKE_CONFIG = _HEAD + """
+FAKE_CONFIG = SMALL_HEAD + """
 [[cluster_spec]]
 num_hosts = 1
 num_devices_per_host = 1
@@ -63,7 +51,7 @@ num_micro_batches = [1]
 """ for seconds in (0.4, 0.8, 0.6))
 
 # Real ZHEN jobs (codesign.engine.job) on two virtual CPU devices: import, compile, steps.
-ZHEN_CONFIG = _HEAD + """
+ZHEN_CONFIG = SMALL_HEAD + """
 [[cluster_spec]]
 num_hosts = 1
 num_devices_per_host = 2

@@ -1,0 +1,29 @@
+"""Small configs the tests and the fault bench share (no pytest here: bench/bench_faults.py imports it)."""
+
+# A model small enough to compile and run in seconds on virtual CPU devices.
+SMALL_HEAD = """
+[training_spec]
+avg_batch_size_per_device = 4
+num_iters = 3
+
+[[model]]
+num_features = 8
+emb_dim = 4
+output_per_emb = 2
+num_zhen_layers = 1
+tokens = ["LINEAR", "DOT"]
+"""
+
+# One job runs, one is invalid (global batch 8 over 3 micro-batches).
+SMALL_CONFIG = SMALL_HEAD + """
+[[cluster_spec]]
+num_hosts = 1
+num_devices_per_host = 2
+transport = "NVLink"
+platform = "cpu"
+
+[[parallel_spec]]
+description = "data parallel"
+num_micro_batches = [1, 3]
+"(pp, dp, op)" = [1, 2, 1]
+"""
