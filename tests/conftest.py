@@ -14,6 +14,8 @@ REPO = Path(__file__).resolve().parents[1]
 # (tests/test_cost.py measures explicitly).
 os.environ.setdefault("CODESIGN_PROFILE", "builtin")
 FIXTURES = REPO.parent / "shared" / "fixtures" / "user-configs"
+# Equivalence tests on 2 CPU cores are compile-bound: unoptimised XLA code compiles in half the time.
+FAST_XLA = "--xla_backend_optimization_level=0"
 
 
 def db_rows(db) -> list[dict]:

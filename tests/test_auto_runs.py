@@ -19,8 +19,7 @@ from codesign.spec.hosts import Hosts
 from codesign.spec.jobs import enumerate_jobs
 from codesign.spec.types import ClusterSpec, Job, ModelSpec, ParallelSpec, TrainingSpec
 from codesign.store.database import Store
-from tests.conftest import db_rows, run_cli, run_on_devices
-from tests.test_pipeline import FAST_XLA
+from tests.conftest import FAST_XLA, db_rows, run_cli, run_on_devices
 
 TOKENS = (("ATTENTION", "LINEAR"), ("DOT",), ("CONVOLUTION", "LINEAR"), ("DOT", "LINEAR"))
 # 4 virtual devices, global batch 12 in 2 micro-batches of 6: whole on 1, 2 or 3 devices.

@@ -15,9 +15,8 @@ from codesign.planner.plan import Plan, make_plan, plan_from_stages
 from codesign.run.local import LocalExecutor
 from codesign.spec.types import ClusterSpec, Job, ModelSpec, ParallelSpec, TrainingSpec
 from codesign.store.database import Store
-from tests.conftest import run_on_devices
+from tests.conftest import FAST_XLA, run_on_devices
 from tests.reference import assert_matches
-from tests.test_pipeline import FAST_XLA
 
 TOKENS = (("ATTENTION", "LINEAR"), ("DOT",), ("CONVOLUTION", "LINEAR"), ("DOT", "LINEAR"))
 MODEL = ModelSpec(8, 4, 2, 4, TOKENS)
