@@ -270,3 +270,45 @@ def test_gradients_are_all_reduced_once_per_micro_batch_as_xla_compiles_the_step
     priced2, priced1 = (priced(job(model=SMALL, batch=8, per_host=2, pp_dp_op=(1, 2, 1), micro=m, device="cpu"))
                         for m in (2, 1))
     assert priced2.communication["dp all-reduce"] == pytest.approx(2 * priced1.communication["dp all-reduce"])
+
+
+def test_cpu_devices_share_one_memory_system_and_sync_one_array_at_a_time():
+    cpu = BUILTIN["cpu"]
+    w = Workload.of(job(model=SMALL, batch=16, device="cpu", per_host=8, pp_dp_op=(1, 8, 1)), cpu)
+    layers, mesh = range(4), Submesh(tuple(range(8)), 8, 1)
+    alone, all_busy = (cost.stage_update(w, layers, mesh, False, busy)[0] - cpu.dispatch for busy in (1, 8))
+    assert all_busy == pytest.approx(8 * alone)  # 8 replicas' Adam through one memory system
+    nbytes = cost.stage_params(w, layers, 1) * cost.PARAM_BYTES
+    arrays = sum(w.layers[i].tensors for i in layers)
+    _, sync = cost.gradient_sync(w, layers, mesh, False, 8)
+    copies = cpu.sync_traffic * nbytes * 8 / cpu.bandwidth
+    assert sync == pytest.approx(cost.all_reduce(nbytes, 8, cpu.link, calls=arrays) + copies)
+    assert arrays > 20 and sync > cost.all_reduce(nbytes, 8, cpu.link) + copies + 20 * 14 * cpu.link.latency
+
+
+def test_a_pipeline_on_shared_cores_is_no_faster_than_its_packed_work():
+    def stages_of(j):
+        w, plan = Workload.of(j, BUILTIN[j.cluster.device]), make_plan(j)
+        busy = sum(len(s.device_ids) for s in plan.stages)
+        return plan, [cost.stage_cost(w, s, i, plan, busy) for i, s in enumerate(plan.stages)], busy
+
+    cpu = job(model=SMALL, batch=16, device="cpu", per_host=2, pp_dp_op=(2, 1, 1), micro=4, num_auto_layers=2)
+    plan, stages, busy = stages_of(cpu)
+    bound = cost.shared_cores_bound(plan, stages, busy)
+    assert priced(cpu).seconds >= bound > 0.5 * sum(4 * (s.forward + s.backward) for s in stages)
+    gpu = job(per_host=4, pp_dp_op=(4, 1, 1), micro=8, num_auto_layers=4)
+    plan, stages, busy = stages_of(gpu)
+    assert cost.shared_cores_bound(plan, stages, busy) < 0.5 * priced(gpu).seconds  # own devices: never binds
+
+
+def test_remat_on_cpu_recomputes_the_forward_without_its_fixed_costs_again():
+    w = Workload.of(job(model=SMALL, batch=16, device="cpu"), BUILTIN["cpu"])
+    mesh = Submesh((0,), 1, 1)
+    fwd, bwd, _ = cost.stage_compute(w, range(4), mesh, False, 1)
+    _, remat_bwd, _ = cost.stage_compute(w, range(4), mesh, True, 1)
+    fixed = sum(BUILTIN["cpu"].rate("fp32", k).overhead for i in range(4) for k, _ in w.mixers[i])
+    fixed += 4 * BUILTIN["cpu"].rate("fp32", "LAYER").overhead
+    assert remat_bwd - bwd == pytest.approx(fwd - fixed)
+    gpu = Workload.of(job(model=SMALL, batch=16), BUILTIN["H100"])
+    g_fwd, g_bwd, _ = cost.stage_compute(gpu, range(4), mesh, False, 1)
+    assert cost.stage_compute(gpu, range(4), mesh, True, 1)[1] - g_bwd == pytest.approx(g_fwd)

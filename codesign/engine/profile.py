@@ -26,11 +26,13 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import psutil
+from scipy.optimize import nnls
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from codesign.engine.programs import DTYPES
-from codesign.engine.step import accumulate, build_single_stage, loss_fn
+from codesign.engine.job import build_training
+from codesign.engine.step import accumulate, loss_fn
 from codesign.planner.cost import ADAM_TRAFFIC, Workload, estimate
 from codesign.planner.plan import make_plan
 from codesign.planner.profiles import LAYER, DeviceProfile, Link, Rate, library_versions
@@ -47,6 +49,13 @@ from codesign.zhen import counts, network
 log = logging.getLogger("codesign.profile")
 # Widths of the probe layer (F_in, O, D) and its two micro-batch sizes, per platform.
 PROBE = {"cpu": ((32, 4, 16), (8, 48, 128)), "gpu": ((256, 20, 160), (256, 1024, 2048))}
+WIDE_PROBE = {"cpu": (48, 8, 8), "gpu": (512, 20, 160)}
+SPEEDUP_SAMPLES = 16  # per device, in the shared-core speed-up probe (small steps: what a CPU sweep runs)
+# What the calibration fits a factor to: fixed costs per call (and per program dispatch),
+# FLOP-proportional time, memory traffic, and XLA:CPU's copies around a gradient all-reduce. (The collectives'
+# latency keeps its micro-benchmark: its one-per-array cost is what small steps' fits trade
+# against the fixed costs.)
+COMPONENTS = ("fixed", "flops", "memory", "sync")
 
 
 def median_time(fn: Callable[[], object], repeats: int, best: bool = True) -> float:
@@ -139,28 +148,33 @@ def dispatch_time(repeats: int, arrays: int = 64) -> float:
     return median_time(lambda: f(xs), 4 * repeats)
 
 
-def speedup(repeats: int) -> tuple[float, list[tuple[int, float]]]:
-    """One device's matmul FLOP/s, and the aggregate speed of n devices each running the same
-    chain of small matmuls at once (the many small ops of a small model's step), relative to one."""
+def speedup(platform: str, repeats: int) -> tuple[float, list[tuple[int, float]]]:
+    """One device's matmul FLOP/s, and the aggregate speed of n devices each computing the probe
+    model's gradients on its own SPEEDUP_SAMPLES samples at once (a data-parallel step's work
+    without its collectives), relative to one device."""
     devices = jax.devices()
     w = jnp.ones((256, 256), jnp.float32)
     big = jax.jit(lambda a, b: jnp.tanh(a @ b) @ b)
     peak = 4 * 256**3 / median_time(lambda: big(w, w), repeats)
+    job = probe_job(platform, 1, (1, 1, 1), 1, SPEEDUP_SAMPLES)
+    loss = loss_fn(job, ((0, 1),), False)
+    params = nn.meta.unbox(network.init_params(job.model, jax.random.key(0)))
 
-    def chain(a, b):
-        for _ in range(32):
-            a = jnp.tanh(a @ b)
-        return a
+    def local(params, x, y):
+        value, grads = jax.value_and_grad(loss)(params, x, y)
+        return (value + sum(jnp.sum(g) for g in jax.tree.leaves(grads)))[None]
 
     base, points = 0.0, []
     for n in (1, 2, 4, 8):
         if n > len(devices):
             break
         mesh = Mesh(np.array(devices[:n]), ("d",))
-        x = jax.device_put(jnp.ones((n * 32, 64), jnp.float32), NamedSharding(mesh, P("d")))
-        b = jax.device_put(jnp.ones((64, 64), jnp.float32) / 64, NamedSharding(mesh, P()))
-        f = jax.jit(chain)
-        seconds = median_time(lambda: f(x, b), repeats)
+        sharded, replicated = NamedSharding(mesh, P("d")), NamedSharding(mesh, P())
+        x = jax.device_put(jnp.ones((n * SPEEDUP_SAMPLES, job.model.emb_dim, job.model.num_features)), sharded)
+        y = jax.device_put(jnp.ones((n * SPEEDUP_SAMPLES, counts.output_width(job.model))), sharded)
+        f = jax.jit(jax.shard_map(local, mesh=mesh, in_specs=(P(), P("d"), P("d")), out_specs=P("d")))
+        placed = jax.device_put(params, replicated)
+        seconds = median_time(lambda: f(placed, x, y), 2 * repeats, best=False)
         base = base or seconds
         points.append((n, max(1.0, n * base / seconds)))  # at worst they take turns; less is others' load
     return peak, points
@@ -214,41 +228,75 @@ def update_scratch(platform: str) -> float:
 
 
 def step_time(job: Job, repeats: int) -> float:
-    """Median seconds of the real pp = 1 training step of a job (compiled, then run)."""
-    training = build_single_stage(job, make_plan(job))
+    """Median seconds of a job's real training iteration (compiled, then run)."""
+    training = build_training(job, make_plan(job))
     return median_time(training.step, 2 * repeats, best=False)
 
 
-def rescaled(profile: DeviceProfile, fixed: float, flops: float) -> DeviceProfile:
-    """The profile with its fixed costs (per mixer call, Adam's traffic) multiplied by
-    `fixed` and its FLOP-proportional times by `flops`."""
-    rates = tuple((p, tuple((k, Rate(r.forward / flops, r.backward / flops, r.overhead * fixed)) for k, r in table))
-                  for p, table in profile.rates)
-    return dataclasses.replace(profile, rates=rates, bandwidth=profile.bandwidth / fixed)
+def probe_job(platform: str, devices: int, pp_dp_op: tuple[int, int, int], micro: int, per_device: int,
+              wide: bool = False) -> Job:
+    """A job of the probe model (two layers of every mixer) on `devices` local devices; `wide`:
+    the wide probe model, whose gradients are large enough to time their all-reduce's copies."""
+    f_in, out, emb = WIDE_PROBE[platform] if wide else PROBE[platform][0]
+    model = ModelSpec(f_in, emb, out, 2, (tuple(MIXERS),) * 2)
+    return Job(model, ClusterSpec(1, devices, "NVLink", platform), TrainingSpec(per_device, 3),
+               ParallelSpec("probe", (micro,), pp_dp_op[0], pp_dp_op=pp_dp_op), micro, platform)
+
+
+def probe_jobs(platform: str, devices: int) -> list[Job]:
+    """The real steps a profile is fitted to: one device at two batch sizes and with
+    micro-batches, then, as far as the local devices go, data, operator and pipeline parallel."""
+    _, sizes = PROBE[platform]
+    small, large = sizes[0], sizes[1]
+    plans = [(1, (1, 1, 1), 1, small), (1, (1, 1, 1), 1, large), (1, (1, 1, 1), 4, large),
+             (2, (1, 2, 1), 1, small), (2, (1, 2, 1), 2, small), (2, (1, 1, 2), 1, small),
+             (2, (2, 1, 1), 2, small), (4, (1, 2, 2), 1, small), (8, (1, 8, 1), 1, small),
+             (1, (1, 1, 1), 1, small, True), (2, (1, 2, 1), 1, small, True)]
+    return [probe_job(platform, *plan) for plan in plans if plan[0] <= devices]
+
+
+def scaled(profile: DeviceProfile, factors: dict[str, float]) -> DeviceProfile:
+    """The profile with the seconds of each of COMPONENTS multiplied by its factor."""
+    f = {k: factors.get(k, 1.0) for k in COMPONENTS}
+    rates = tuple((p, tuple((k, Rate(r.forward / f["flops"], r.backward / f["flops"], r.overhead * f["fixed"]))
+                            for k, r in table)) for p, table in profile.rates)
+    return dataclasses.replace(profile, rates=rates, dispatch=profile.dispatch * f["fixed"],
+                               bandwidth=profile.bandwidth / f["memory"],
+                               sync_traffic=profile.sync_traffic * f["sync"] / f["memory"])
 
 
 def calibrate(profile: DeviceProfile, platform: str, repeats: int) -> DeviceProfile:
-    """Fit the probed profile to real training steps of the probe model. Mixers probed one by
-    one are not a compiled step (fused, scheduled together): on one device at two batch sizes,
-    measured = a * fixed costs + b * FLOP-proportional costs gives the two factors. (The link
-    keeps its micro-benchmark: fitted to one data-parallel step, it followed the machine's load.)"""
-    (f_in, out, emb), sizes = PROBE[platform]
-    model = ModelSpec(f_in, emb, out, 2, (tuple(MIXERS),) * 2)
-
-    def probe(batch: int) -> Job:
-        return Job(model, ClusterSpec(1, 1, "NVLink", platform), TrainingSpec(batch, 3),
-                   ParallelSpec("probe", (1,), pp_dp_op=(1, 1, 1)), 1, platform)
-
-    no_flops = rescaled(profile, 1.0, 1e-9)
-    parts, measured = [], []
-    for batch in (sizes[0], sizes[-1]):
-        job = probe(batch)
-        plan = make_plan(job)
-        total, fixed = (estimate(Workload.of(job, p), plan).seconds for p in (profile, no_flops))
-        parts.append((fixed, total - fixed))
+    """Fit the probed profile to real training steps of the probe model (kernels probed one by
+    one are not a compiled step: fused, scheduled together, laid out for it)."""
+    jobs = probe_jobs(platform, len(jax.devices()))
+    measured = []
+    for job in jobs:
         measured.append(step_time(job, repeats))
-    a, b = np.clip(np.linalg.lstsq(np.array(parts), np.array(measured), rcond=None)[0], 0.05, 20.0)
-    return rescaled(profile, float(a), float(b))
+        log.info("  probe step (pp, dp, op) = %s, %d micro-batch(es) of %d: %.3g s", job.parallel.pp_dp_op,
+                 job.num_micro_batches, job.global_batch // job.num_micro_batches, measured[-1])
+    factors = fitted_factors(profile, jobs, measured)
+    log.info("  fitted factors: %s", ", ".join(f"{k} x {v:.2f}" for k, v in factors.items()))
+    return scaled(profile, factors)
+
+
+def fitted_factors(profile: DeviceProfile, jobs: list[Job], measured: list[float]) -> dict[str, float]:
+    """For each probe step the cost model's seconds split into COMPONENTS (what doubling one
+    component's factor adds); a non-negative least-squares fit of the relative error gives each
+    component's factor. A component no probe exercises keeps its micro-benchmark."""
+    parts, rest = [], []
+    for job in jobs:
+        plan = make_plan(job)
+        base = estimate(Workload.of(job, profile), plan).seconds
+        split = [estimate(Workload.of(job, scaled(profile, {k: 2.0})), plan).seconds - base for k in COMPONENTS]
+        parts.append(split)
+        rest.append(base - sum(split))
+    a, target = np.array(parts), np.array(measured) - np.array(rest)
+    weights = 1 / np.array(measured)
+    used = np.abs(a).max(axis=0) > 1e-3 * min(measured)
+    fitted, _ = nnls(a[:, used] * weights[:, None], target * weights)
+    factors = dict.fromkeys(COMPONENTS, 1.0)
+    factors.update(zip(np.array(COMPONENTS)[used], np.clip(fitted, 0.05, 20.0).tolist()))
+    return factors
 
 
 def device_memory(device) -> int:
@@ -261,7 +309,7 @@ def measure(repeats: int = 5) -> DeviceProfile:
     platform = "cpu" if device.platform == "cpu" else "gpu"
     log.info("profiling %d %s device(s) (%s)", len(jax.devices()), platform, device.device_kind)
     bw, dispatch, call = bandwidth(repeats), dispatch_time(repeats), dispatch_time(repeats, 2)
-    peak, points = speedup(repeats)
+    peak, points = speedup(platform, repeats)
     log.info("  matmul %.3g FLOP/s, memory %.3g B/s, dispatch %.3g s; aggregate speed of n busy devices: %s",
              peak, bw, dispatch, points)
     rates = []
@@ -276,11 +324,11 @@ def measure(repeats: int = 5) -> DeviceProfile:
                            dispatch=dispatch,
                            speedup=tuple(points) if platform == "cpu" else (), link=link(repeats),
                            update_scratch=update_scratch(platform), combines_collectives=platform == "gpu",
+                           sync_traffic=1.0 if platform == "cpu" else 0.0,
                            roofline=False, versions=tuple(sorted(library_versions().items())), source="measured")
     profile = calibrate(probed, platform, repeats)
-    log.info("  calibrated on real steps: Adam's bandwidth %.3g B/s, FLOP rates x %.2f, link %s",
-             profile.bandwidth, profile.rate("fp32", "DOT").forward / probed.rate("fp32", "DOT").forward,
-             profile.link)
+    log.info("  calibrated on real steps: memory %.3g B/s, link %s, %.2f gradient copies per all-reduce",
+             profile.bandwidth, profile.link, profile.sync_traffic)
     return profile
 
 

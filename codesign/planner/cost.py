@@ -135,7 +135,7 @@ def call_time(flops: float, rate: float, overhead: float, share: float = 1.0) ->
 
 def adam_time(param_bytes: float, profile: DeviceProfile, share: float = 1.0) -> float:
     """Adam's update as memory traffic, at the share of the memory system its device gets (every
-    device of a dp group updates its replica at once)."""
+    busy device updates its parameters at once)."""
     return profile.dispatch + ADAM_TRAFFIC * param_bytes / (profile.bandwidth * share)
 
 
@@ -190,8 +190,9 @@ class Workload:
     def collective(self, kind, nbytes: float, devices: Sequence[int], calls: int = 1) -> float:
         return hierarchical(kind, nbytes, *self.group(devices), self.intra, self.inter, calls)
 
-    def gather_calls(self, layers: Sequence[int]) -> int:
-        """All-gathers of ZeRO-2's updated parameters: one per parameter array, unless XLA combines them."""
+    def collective_calls(self, layers: Sequence[int]) -> int:
+        """Collectives over these layers' parameters (or gradients): one, where XLA combines them
+        (GPU); one per array on CPU, where each array's reduction pays the devices' rendezvous."""
         return 1 if self.profile.combines_collectives else sum(self.layers[i].tensors for i in layers)
 
 
@@ -237,7 +238,7 @@ def stage_compute(w: Workload, layers: Sequence[int], mesh: Submesh, remat: bool
     p, share = w.profile, w.profile.share(busy)
     samples = w.micro_batch / mesh.batch_shards
     split = mesh.op if mesh.batch_axis == "dp" else 1
-    fwd = bwd = 0.0
+    fwd = bwd = fixed = 0.0  # fixed: the forward's fixed costs per call
     comm = {"op all-reduce": 0.0, "op all-gather": 0.0}
     for i in layers:
         for kind, work in w.mixers[i]:
@@ -246,6 +247,7 @@ def stage_compute(w: Workload, layers: Sequence[int], mesh: Submesh, remat: bool
             traffic = samples * w.activation_bytes * _split(work, split) / (p.bandwidth * share) if p.roofline else 0
             fold = work.fold_kernel * PARAM_BYTES / mesh.op / (p.bandwidth * share)
             fwd += call_time(flops, rate.forward, rate.overhead, share) + traffic + FOLD_FORWARD * fold
+            fixed += rate.overhead / share
             bwd += call_time(2 * flops, rate.backward, 2 * rate.overhead, share) + 3 * traffic + FOLD_BACKWARD * fold
             if work.sharded_flops and mesh.op > 1:
                 collective, seconds = _op_collective(w, work, samples, mesh)
@@ -253,24 +255,24 @@ def stage_compute(w: Workload, layers: Sequence[int], mesh: Submesh, remat: bool
         own, rate = w.own[i], p.rate(w.precision, LAYER)
         traffic = samples * own.activations * w.activation_bytes / (p.bandwidth * share)
         fwd += call_time(samples * own.flops, rate.forward, rate.overhead, share) + traffic
+        fixed += rate.overhead / share
         bwd += call_time(2 * samples * own.flops, rate.backward, rate.overhead, share) + 3 * traffic
     fwd += comm["op all-reduce"] / 2 + comm["op all-gather"] / 2
     bwd += comm["op all-reduce"] / 2 + comm["op all-gather"] / 2
-    if remat:
-        bwd += fwd
+    if remat:  # the backward recomputes the forward; on CPU inside its own program: no fixed costs again
+        bwd += fwd - (fixed if p.platform == "cpu" else 0.0)
     return fwd, bwd, comm
 
 
-def program_overheads(w: Workload, layers: Sequence[int], remat: bool, busy: int) -> float:
-    """The fixed costs per call that stage_compute charges one micro-batch (forward, backward and
-    a remat's recomputed forward). On CPU they are costs of running a program (the probe's
-    intercept: its thread pool, its buffers), paid once by a fused step however many
-    micro-batches its loop accumulates; a GPU pays them per kernel launch, every micro-batch."""
+def program_overheads(w: Workload, layers: Sequence[int], busy: int) -> float:
+    """The fixed costs per call that stage_compute charges one micro-batch (forward and
+    backward). On CPU they are costs of running a program (the probe's intercept: its thread
+    pool, its buffers), paid once by a fused step however many micro-batches its loop
+    accumulates; a GPU pays them per kernel launch, every micro-batch."""
     if w.profile.platform != "cpu":
         return 0.0
-    calls = 4 if remat else 3
-    per_layer = [sum(w.profile.rate(w.precision, k).overhead for k, _ in w.mixers[i]) * calls
-                 + w.profile.rate(w.precision, LAYER).overhead * (calls - 1) for i in layers]
+    per_layer = [sum(w.profile.rate(w.precision, k).overhead for k, _ in w.mixers[i]) * 3
+                 + w.profile.rate(w.precision, LAYER).overhead * 2 for i in layers]
     return sum(per_layer) / w.profile.share(busy)
 
 
@@ -295,27 +297,33 @@ def stage_params(w: Workload, layers: Sequence[int], op: int) -> float:
                for i in layers)
 
 
-def gradient_sync(w: Workload, layers: Sequence[int], mesh: Submesh, zero: bool) -> tuple[str, float]:
+def gradient_sync(w: Workload, layers: Sequence[int], mesh: Submesh, zero: bool, busy: int) -> tuple[str, float]:
     """The gradient collective each micro-batch's backward ends with, over dp (or over op when the
     batch is on op). The compiled pp = 1 step of a dp = 2, 2 micro-batch job shows it: one
     all-reduce of all the gradients (XLA's combiner makes it a single tuple all-reduce) inside
     the accumulation loop, so once per micro-batch, not once per step. Under ZeRO-2 a GPU
-    reduce-scatters; XLA:CPU all-reduces there too and each device keeps its shard."""
+    reduce-scatters; XLA:CPU all-reduces there too and each device keeps its shard. XLA:CPU also
+    copies (and transposes) the gradients around its all-reduce: profile.sync_traffic of them
+    through the memory system every busy device shares."""
     nbytes = stage_params(w, layers, mesh.op) * PARAM_BYTES
     group = mesh.dp_group if mesh.batch_axis == "dp" else mesh.op_group
+    calls = w.collective_calls(layers)
     if zero and mesh.batch_axis == "dp" and w.profile.platform != "cpu":
-        return "dp reduce-scatter", w.collective(reduce_scatter, nbytes, group)
-    return f"{mesh.batch_axis} all-reduce", w.collective(all_reduce, nbytes, group)
+        return "dp reduce-scatter", w.collective(reduce_scatter, nbytes, group, calls)
+    seconds = w.collective(all_reduce, nbytes, group, calls)
+    if len(group) > 1:
+        seconds += w.profile.sync_traffic * nbytes / (w.profile.bandwidth * w.profile.memory_share(busy))
+    return f"{mesh.batch_axis} all-reduce", seconds
 
 
 def stage_update(w: Workload, layers: Sequence[int], mesh: Submesh, zero: bool,
                  busy: int) -> tuple[float, float]:
     """Adam's step on the stage: (seconds, of which the ZeRO-2 parameter all-gather)."""
     param_bytes = stage_params(w, layers, mesh.op) * PARAM_BYTES
-    share = w.profile.share(busy)
+    share = w.profile.memory_share(busy)
     if not zero or mesh.dp == 1:
         return adam_time(param_bytes, w.profile, share), 0.0
-    gather = w.collective(all_gather, param_bytes, mesh.dp_group, w.gather_calls(layers))
+    gather = w.collective(all_gather, param_bytes, mesh.dp_group, w.collective_calls(layers))
     return adam_time(param_bytes / mesh.dp, w.profile, share) + gather, gather
 
 
@@ -381,17 +389,26 @@ def estimate(w: Workload, plan: Plan) -> Estimate:
             comm[kind] = comm.get(kind, 0.0) + seconds
     if pp == 1:
         only = stages[0]
-        repeated = (micro - 1) * program_overheads(w, plan.stages[0].layers, plan.remat, busy)
+        repeated = (micro - 1) * program_overheads(w, plan.stages[0].layers, busy)
         seconds = w.profile.dispatch + micro * (only.forward + only.backward) - repeated + only.update
         bubble = 0.0
-    else:
-        ends, pipeline_end, comm["stage transfers"] = simulate(w, plan, stages)
-        seconds = max(ends)
-        bubble = max(0.0, pipeline_end - max(micro * (s.forward + s.backward) for s in stages))
+    else:  # each stage at its own devices' speed, unless the devices share cores with the others
+        alone = [stage_cost(w, stage, s, plan, len(stage.device_ids)) for s, stage in enumerate(plan.stages)]
+        ends, pipeline_end, comm["stage transfers"] = simulate(w, plan, alone)
+        seconds = max(max(ends), shared_cores_bound(plan, stages, busy))
+        bubble = max(0.0, pipeline_end - max(micro * (s.forward + s.backward) for s in alone))
     peak = max((s.memory for s in stages), key=lambda m: m.total)
     return Estimate(seconds=seconds, compute=tuple(micro * (s.forward + s.backward) for s in stages),
                     communication={k: v for k, v in comm.items() if v}, bubble=bubble,
                     optimizer=max(s.update for s in stages), memory=peak, device_memory=w.profile.memory)
+
+
+def shared_cores_bound(plan: Plan, stages: Sequence[StageCost], busy: int) -> float:
+    """A pipeline on devices that share cores (virtual CPU devices) is no faster than all its
+    stages' work packed onto their aggregate speed: each stage's seconds with every device
+    busy, weighted by its share of the devices. On devices of their own it never binds."""
+    return sum(len(stage.device_ids) / busy * (plan.num_micro_batches * (c.forward + c.backward) + c.update)
+               for stage, c in zip(plan.stages, stages))
 
 
 def stage_cost(w: Workload, stage: StagePlan, index: int, plan: Plan, busy: int, pp: int | None = None,
@@ -403,7 +420,7 @@ def stage_cost(w: Workload, stage: StagePlan, index: int, plan: Plan, busy: int,
     pp = len(plan.stages) if pp is None else pp
     mesh = Submesh.of(stage, plan.batch_axis)
     fwd, bwd, comm = stage_compute(w, stage.layers, mesh, plan.remat, busy)
-    sync_kind, sync = gradient_sync(w, stage.layers, mesh, plan.reduce_scatter)
+    sync_kind, sync = gradient_sync(w, stage.layers, mesh, plan.reduce_scatter, busy)
     update, gather = stage_update(w, stage.layers, mesh, plan.reduce_scatter, busy)
     micro = plan.num_micro_batches
     if in_flight is None:
@@ -417,7 +434,7 @@ def stage_cost(w: Workload, stage: StagePlan, index: int, plan: Plan, busy: int,
     communication[sync_kind] = communication.get(sync_kind, 0.0) + micro * sync
     if gather:
         communication["dp all-gather (ZeRO-2)"] = gather
-    accumulate = accumulate_time(memory.grads, w.profile, w.profile.share(busy), micro)
+    accumulate = accumulate_time(memory.grads, w.profile, w.profile.memory_share(busy), micro)
     return StageCost(fwd, bwd + sync + accumulate, update, communication, memory)
 
 

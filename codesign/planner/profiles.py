@@ -59,6 +59,8 @@ class DeviceProfile:
     speedup: tuple[tuple[int, float], ...] = ()  # n busy devices -> aggregate speed vs one; () = independent
     link: Link | None = None  # between local devices (CPU); GPUs use the transport's links
     update_scratch: float = 0.0  # gradient-sized scratch buffers of a compiled pp = 1 step, beyond the gradients
+    sync_traffic: float = 0.0  # gradient-sized arrays a gradient all-reduce also moves through memory
+    # (XLA:CPU copies and transposes them around its all-reduce); fitted to real steps
     combines_collectives: bool = True  # XLA merges ZeRO-2's parameter all-gathers (GPU); CPU: one per array
     roofline: bool = True  # rates count FLOPs only, activation traffic is added at `bandwidth`;
     # False: measured rates already include the traffic at the probed widths
@@ -76,6 +78,11 @@ class DeviceProfile:
         ns, speeds = zip(*self.speedup)
         return float(np.interp(busy, ns, speeds)) / busy
 
+    def memory_share(self, busy: int) -> float:
+        """Each of `busy` devices' share of the memory system: virtual CPU devices share one (an
+        Adam update over 8 devices' replicas takes 8 times one's), GPUs each have their own."""
+        return 1.0 / busy if self.platform == "cpu" and busy > 1 else 1.0
+
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
         data["rates"] = {p: {k: dataclasses.asdict(r) for k, r in table} for p, table in self.rates}
@@ -91,6 +98,7 @@ class DeviceProfile:
                    speedup=tuple((int(n), float(s)) for n, s in data.get("speedup", ())),
                    link=Link(**data["link"]) if data.get("link") else None,
                    update_scratch=float(data.get("update_scratch", 0.0)),
+                   sync_traffic=float(data.get("sync_traffic", 0.0)),
                    combines_collectives=bool(data.get("combines_collectives", True)),
                    roofline=bool(data.get("roofline", True)),
                    versions=tuple(sorted(data.get("versions", {}).items())), source=data.get("source", "measured"))
@@ -125,19 +133,17 @@ BUILTIN: dict[str, DeviceProfile] = {
     "H100": _gpu("H100", 80, 989e12, 495e12, 3.35e12),
     "H200": _gpu("H200", 141, 989e12, 495e12, 4.8e12),
     "A100": _gpu("A100", 80, 312e12, 156e12, 2.04e12),
-    # This machine's CPU (2 cores) as `codesign profile` measured it, loaded by other processes
-    # (load ~7, 2026-11-26): the geometric mean of two measurements, which differed by up to 3x
-    # (the shared-core speed-up most, measured below 1: other processes' load; n devices on
-    # shared cores at worst take turns, so it is at least 1); what tests and a sweep with
+    # This machine's CPU (2 cores) as `codesign profile` measured it on a quiet machine
+    # (2026-11-26, JAX 0.10.2), fitted to its real probe steps: what tests and a sweep with
     # CODESIGN_PROFILE=builtin price with.
     "cpu": DeviceProfile(kind="cpu", platform="cpu", memory=8 * 2**30,
-                         rates=(("fp32", (("DOT", Rate(1.4e11, 7.7e10, 2.3e-5)), ("LINEAR", Rate(7.8e10, 1.6e10, 1.2e-4)),
-                                          ("ATTENTION", Rate(1e11, 2.5e10, 3.7e-5)),
-                                          ("CONVOLUTION", Rate(9.8e8, 1.3e9, 4.6e-5)),
-                                          (LAYER, Rate(1.1e11, 5.7e10, 7.3e-5)))),),
-                         bandwidth=1.2e10, dispatch=1.4e-4,
-                         speedup=((1, 1.0), (2, 1.0), (4, 1.0), (8, 1.08)), link=Link(1.9e9, 1.3e-5),
-                         combines_collectives=False, roofline=False),
+                         rates=(("fp32", (("DOT", Rate(1.6e11, 1.8e11, 8e-5)), ("LINEAR", Rate(5.2e10, 5e9, 2.5e-5)),
+                                          ("ATTENTION", Rate(9.7e10, 3.3e10, 1e-4)),
+                                          ("CONVOLUTION", Rate(9e8, 1.2e9, 9.3e-6)),
+                                          (LAYER, Rate(3.4e10, 3.2e10, 4.2e-7)))),),
+                         bandwidth=1.6e10, dispatch=4.2e-5,
+                         speedup=((1, 1.0), (2, 1.16), (4, 1.51), (8, 1.45)), link=Link(3.2e9, 2.9e-5),
+                         sync_traffic=0.022, combines_collectives=False, roofline=False),
 }
 
 

@@ -1,0 +1,51 @@
+"""The profile's calibration: the factors fitted to real probe steps (engine/profile.py)."""
+
+import json
+
+import pytest
+
+from codesign.engine.profile import COMPONENTS, fitted_factors, probe_jobs, scaled
+from codesign.planner.cost import Workload, estimate
+from codesign.planner.plan import make_plan
+from codesign.planner.profiles import BUILTIN
+from tests.conftest import run_on_devices
+
+
+def predicted(profile, jobs):
+    return [estimate(Workload.of(j, profile), make_plan(j)).seconds for j in jobs]
+
+
+def test_the_probe_steps_cover_every_fitted_component_on_eight_cpu_devices():
+    jobs = probe_jobs("cpu", 8)
+    kinds = {(j.parallel.pp_dp_op, j.num_micro_batches > 1) for j in jobs}
+    assert {((1, 2, 1), False), ((1, 1, 2), False), ((2, 1, 1), True), ((1, 8, 1), False), ((1, 1, 1), True)} <= kinds
+    assert [j.cluster.num_devices for j in probe_jobs("cpu", 1)] == [1] * 4
+
+
+@pytest.mark.parametrize("truth", [dict(fixed=0.5, flops=2.0, memory=3.0, sync=4.0),
+                                   dict(fixed=1.5, flops=0.7, memory=1.0, sync=0.5)])
+def test_factors_are_recovered_from_steps_the_cost_model_would_predict(truth):
+    probed = BUILTIN["cpu"]
+    assert probed.sync_traffic > 0
+    jobs = probe_jobs("cpu", 8)
+    measured = predicted(scaled(probed, truth), jobs)
+    found = fitted_factors(probed, jobs, measured)
+    assert set(found) == set(COMPONENTS)
+    for k in COMPONENTS:
+        assert found[k] == pytest.approx(truth[k], rel=0.05), (k, found)
+    assert predicted(scaled(probed, found), jobs) == pytest.approx(measured, rel=0.02)
+
+
+def test_a_component_no_probe_exercises_keeps_its_micro_benchmark():
+    jobs = probe_jobs("cpu", 1)  # one device: no all-reduce, so nothing to fit "sync" to
+    probed = BUILTIN["cpu"]
+    measured = [1.3 * t for t in predicted(probed, jobs)]
+    assert fitted_factors(probed, jobs, measured)["sync"] == 1.0
+
+
+def test_the_shared_core_probe_times_the_probe_models_gradients_on_each_device_count():
+    out = run_on_devices(2, "import json\nfrom codesign.engine.profile import speedup\n"
+                            "print(json.dumps(speedup('cpu', 1)))").stdout.strip().splitlines()[-1]
+    peak, points = json.loads(out)
+    assert peak > 1e8 and [n for n, _ in points] == [1, 2]
+    assert points[0][1] == 1.0 and 1.0 <= points[1][1] <= 2.5  # two devices: at worst they take turns
