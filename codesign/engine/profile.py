@@ -26,12 +26,12 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import psutil
-from scipy.optimize import nnls
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
+from scipy.optimize import nnls
 
-from codesign.engine.programs import DTYPES
 from codesign.engine.job import build_training
+from codesign.engine.programs import DTYPES
 from codesign.engine.step import accumulate, loss_fn
 from codesign.planner.cost import ADAM_TRAFFIC, Workload, estimate
 from codesign.planner.plan import make_plan
