@@ -312,3 +312,13 @@ def test_remat_on_cpu_recomputes_the_forward_without_its_fixed_costs_again():
     gpu = Workload.of(job(model=SMALL, batch=16), BUILTIN["H100"])
     g_fwd, g_bwd, _ = cost.stage_compute(gpu, range(4), mesh, False, 1)
     assert cost.stage_compute(gpu, range(4), mesh, True, 1)[1] - g_bwd == pytest.approx(g_fwd)
+
+
+def test_launching_a_program_costs_the_cpu_host_once_per_device():
+    cpu, gpu = BUILTIN["cpu"], BUILTIN["H100"]
+    assert cpu.call_cost(8) == pytest.approx(8 * cpu.call_cost(1)) and gpu.call_cost(8) == gpu.call_cost(1)
+    j = job(model=SMALL, batch=16, device="cpu", per_host=8, pp_dp_op=(2, 4, 1), micro=4, num_auto_layers=2)
+    idle = StageCost(0.0, 0.0, 0.0, {}, Memory())
+    ends, _, _ = simulate(Workload.of(j, cpu), make_plan(j), [idle, idle])
+    # per stage: 4 forward and 4 backward calls, 4 device_puts of what it hands on, 1 update; on 4 devices each
+    assert max(ends) == pytest.approx(2 * 13 * 4 * cpu.dispatch)

@@ -390,7 +390,7 @@ def estimate(w: Workload, plan: Plan) -> Estimate:
     if pp == 1:
         only = stages[0]
         repeated = (micro - 1) * program_overheads(w, plan.stages[0].layers, busy)
-        seconds = w.profile.dispatch + micro * (only.forward + only.backward) - repeated + only.update
+        seconds = w.profile.call_cost(busy) + micro * (only.forward + only.backward) - repeated + only.update
         bubble = 0.0
     else:  # each stage at its own devices' speed, unless the devices share cores with the others
         alone = [stage_cost(w, stage, s, plan, len(stage.device_ids)) for s, stage in enumerate(plan.stages)]
@@ -451,16 +451,17 @@ def transfer_time(w: Workload, plan: Plan, index: int) -> float:
 
 def simulate(w: Workload, plan: Plan, stages: list[StageCost]) -> tuple[list[float], float, float]:
     """Event simulation of the pipeline engine: the host dispatches the schedule's dispatch_order
-    (each call, and each device_put between stages, costs profile.dispatch), each stage runs its
+    (each call, and each device_put between stages, costs the stage's call_cost), each stage runs its
     calls in that order, a forward waits for the previous stage's activation, a backward for the
     next stage's cotangent; then one update per stage. Returns each stage's end time, when the last backward ended, and the
     seconds spent in transfers."""
-    pp, micro, dispatch = len(plan.stages), plan.num_micro_batches, w.profile.dispatch
+    pp, micro = len(plan.stages), plan.num_micro_batches
+    dispatch = [w.profile.call_cost(len(stage.device_ids)) for stage in plan.stages]
     hops = [transfer_time(w, plan, s) for s in range(pp - 1)]
     host, free, done = 0.0, [0.0] * pp, {}
     for s, kind, m in dispatch_order(plan.schedule, pp, micro):
         moves = (kind == FORWARD and s < pp - 1) or (kind == BACKWARD and s > 0)
-        host += dispatch * (2 if moves else 1)  # the call, and the device_put of what it hands on
+        host += dispatch[s] * (2 if moves else 1)  # the call, and the device_put of what it hands on
         if kind == FORWARD:
             ready = done[s - 1, FORWARD, m] + hops[s - 1] if s > 0 else 0.0
             seconds = stages[s].forward
@@ -472,7 +473,7 @@ def simulate(w: Workload, plan: Plan, stages: list[StageCost]) -> tuple[list[flo
         done[s, kind, m] = free[s] = max(host, free[s], ready) + seconds
     ends = []
     for s in range(pp):
-        host += dispatch
+        host += dispatch[s]
         ends.append(max(host, free[s]) + stages[s].update)
     return ends, max(free), 2 * micro * sum(hops)
 
