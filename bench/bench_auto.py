@@ -45,13 +45,15 @@ def manual_specs(devices: int, layers: int) -> list[tuple[int, int, int]]:
             for dp in range(1, devices // pp + 1) if (devices // pp) % dp == 0]
 
 
-def config_text(models: list[str], devices: list[int], micro: list[int], iters: int, batch: int) -> str:
+def config_text(models: list[str], devices: list[int], micro: list[int], iters: int, batch: int,
+                trials: int = 1) -> str:
     layers = max(int(MODELS[m].split("num_zhen_layers = ")[1].split()[0]) for m in models)
     parts = [f"[training_spec]\navg_batch_size_per_device = {batch}\nnum_iters = {iters}\n"]
     parts += [f"[[model]]\n{MODELS[m]}\n" for m in models]
     parts += [f'[[cluster_spec]]\nnum_hosts = 1\nnum_devices_per_host = {n}\ntransport = "NVLink"\nplatform = "cpu"\n'
               for n in devices]
-    parts.append(f'[[parallel_spec]]\ndescription = "Auto search"\nnum_micro_batches = {micro}\n')
+    parts.append(f'[[parallel_spec]]\ndescription = "Auto search"\nnum_micro_batches = {micro}\n'
+                 f'num_auto_layers = {layers}\nauto_trials = {trials}\n')  # the manual plans' groups: pipelines too
     for n in devices:
         for pp, dp, op in manual_specs(n, layers):
             parts.append(f'[[parallel_spec]]\ndescription = "pp{pp} dp{dp} op{op}"\nnum_micro_batches = {micro}\n'
@@ -86,8 +88,11 @@ def report(rows: list[dict]) -> list[float]:
         best = min(manual, key=lambda r: r["median"])
         ratio = auto[0]["median"] / best["median"]
         ratios.append(ratio)
+        twin = [r["description"] for r in manual if r["predicted_time"] == auto[0]["predicted_time"]
+                and r["pp_dp_op"] == auto[0]["pp_dp_op"]]  # priced the same: Auto chose this manual plan
         print(f"{model[:57]:<58}{cluster:>8}{micro:>4}{auto[0]['median'] * 1e3:>9.2f}{best['median'] * 1e3:>9.2f}"
-              f"{ratio:>7.2f}  {auto[0]['pp_dp_op']} groups {auto[0]['num_auto_layers']} | {best['description']}")
+              f"{ratio:>7.2f}  {auto[0]['pp_dp_op']} groups {auto[0]['num_auto_layers']}"
+              f"{' = ' + twin[0] if twin else ''} | {best['description']}")
     return ratios
 
 
@@ -97,7 +102,10 @@ def main() -> None:
                         help="Models of the same depth (default: mixed; add uniform for a second one).")
     parser.add_argument("--devices", nargs="+", type=int, default=[4, 8], help="Virtual CPU devices per cluster.")
     parser.add_argument("--micro", nargs="+", type=int, default=[1, 2, 4], help="Micro-batch counts.")
-    parser.add_argument("--iters", type=int, default=6, help="Iterations per job (2 warm-up).")
+    parser.add_argument("--iters", type=int, default=20,
+                        help="Iterations per job (2 warm-up): a median of 4 steps differed by up to 1.7x between "
+                             "two runs of the same plan.")
+    parser.add_argument("--trials", type=int, default=1, help="auto_trials of the Auto search spec.")
     parser.add_argument("--batch", type=int, default=8, help="Samples per device.")
     parser.add_argument("--timeout", type=float, default=300, help="Seconds per job.")
     parser.add_argument("-d", "--db", help="Keep the results DB here (default: a temporary one).")
@@ -105,7 +113,7 @@ def main() -> None:
     logging.basicConfig(level=logging.WARNING)
     with tempfile.TemporaryDirectory(prefix="bench-auto-") as tmp:
         path = Path(tmp) / "auto.toml"
-        path.write_text(config_text(args.models, args.devices, args.micro, args.iters, args.batch))
+        path.write_text(config_text(args.models, args.devices, args.micro, args.iters, args.batch, args.trials))
         config = load_config(path)
         planned = list(enumerate_jobs(config, Hosts.local(0)))
         store = Store(args.db or Path(tmp) / "results.db")

@@ -294,11 +294,11 @@ def test_a_pipeline_on_shared_cores_is_no_faster_than_its_packed_work():
 
     cpu = job(model=SMALL, batch=16, device="cpu", per_host=2, pp_dp_op=(2, 1, 1), micro=4, num_auto_layers=2)
     plan, stages, busy = stages_of(cpu)
-    bound = cost.shared_cores_bound(plan, stages, busy)
+    bound = cost.shared_cores_bound(Workload.of(cpu, BUILTIN["cpu"]), plan, stages, busy)
     assert priced(cpu).seconds >= bound > 0.5 * sum(4 * (s.forward + s.backward) for s in stages)
     gpu = job(per_host=4, pp_dp_op=(4, 1, 1), micro=8, num_auto_layers=4)
     plan, stages, busy = stages_of(gpu)
-    assert cost.shared_cores_bound(plan, stages, busy) < 0.5 * priced(gpu).seconds  # own devices: never binds
+    assert cost.shared_cores_bound(Workload.of(gpu, BUILTIN["H100"]), plan, stages, busy) < 0.5 * priced(gpu).seconds  # own devices: never binds
 
 
 def test_remat_on_cpu_recomputes_the_forward_without_its_fixed_costs_again():

@@ -260,8 +260,7 @@ def scaled(profile: DeviceProfile, factors: dict[str, float]) -> DeviceProfile:
     f = {k: factors.get(k, 1.0) for k in COMPONENTS}
     rates = tuple((p, tuple((k, Rate(r.forward / f["flops"], r.backward / f["flops"], r.overhead * f["fixed"]))
                             for k, r in table)) for p, table in profile.rates)
-    return dataclasses.replace(profile, rates=rates, dispatch=profile.dispatch * f["fixed"],
-                               bandwidth=profile.bandwidth / f["memory"],
+    return dataclasses.replace(profile, rates=rates, bandwidth=profile.bandwidth / f["memory"],
                                sync_traffic=profile.sync_traffic * f["sync"] / f["memory"])
 
 

@@ -395,7 +395,7 @@ def estimate(w: Workload, plan: Plan) -> Estimate:
     else:  # each stage at its own devices' speed, unless the devices share cores with the others
         alone = [stage_cost(w, stage, s, plan, len(stage.device_ids)) for s, stage in enumerate(plan.stages)]
         ends, pipeline_end, comm["stage transfers"] = simulate(w, plan, alone)
-        seconds = max(max(ends), shared_cores_bound(plan, stages, busy))
+        seconds = max(max(ends), shared_cores_bound(w, plan, stages, busy))
         bubble = max(0.0, pipeline_end - max(micro * (s.forward + s.backward) for s in alone))
     peak = max((s.memory for s in stages), key=lambda m: m.total)
     return Estimate(seconds=seconds, compute=tuple(micro * (s.forward + s.backward) for s in stages),
@@ -403,12 +403,30 @@ def estimate(w: Workload, plan: Plan) -> Estimate:
                     optimizer=max(s.update for s in stages), memory=peak, device_memory=w.profile.memory)
 
 
-def shared_cores_bound(plan: Plan, stages: Sequence[StageCost], busy: int) -> float:
+def shared_cores_bound(w: Workload, plan: Plan, stages: Sequence[StageCost], busy: int) -> float:
     """A pipeline on devices that share cores (virtual CPU devices) is no faster than all its
-    stages' work packed onto their aggregate speed: each stage's seconds with every device
-    busy, weighted by its share of the devices. On devices of their own it never binds."""
-    return sum(len(stage.device_ids) / busy * (plan.num_micro_batches * (c.forward + c.backward) + c.update)
-               for stage, c in zip(plan.stages, stages))
+    stages' work packed onto their aggregate speed (each stage's seconds with every device
+    busy, weighted by its share of the devices) plus the host's launches, which run on the same
+    cores. On devices of their own it never binds."""
+    packed = sum(len(stage.device_ids) / busy * (plan.num_micro_batches * (c.forward + c.backward) + c.update)
+                 for stage, c in zip(plan.stages, stages))
+    return packed + (host_seconds(w, plan) if w.profile.platform == "cpu" else 0.0)
+
+
+def host_seconds(w: Workload, plan: Plan) -> float:
+    """The host's time launching a pipeline's programs: each call, each device_put between
+    stages and each update, on the calling stage's devices (the order simulate dispatches)."""
+    pp = len(plan.stages)
+    calls = [0] * pp
+    for s, kind, _ in dispatch_order(plan.schedule, pp, plan.num_micro_batches):
+        calls[s] += launches(kind, s, pp)
+    return sum((n + 1) * w.profile.call_cost(len(stage.device_ids)) for n, stage in zip(calls, plan.stages))
+
+
+def launches(kind: str, stage: int, pp: int) -> int:
+    """Host launches of one pipeline call: the call, and the device_put of what it hands on."""
+    moves = (kind == FORWARD and stage < pp - 1) or (kind == BACKWARD and stage > 0)
+    return 2 if moves else 1
 
 
 def stage_cost(w: Workload, stage: StagePlan, index: int, plan: Plan, busy: int, pp: int | None = None,
@@ -460,8 +478,7 @@ def simulate(w: Workload, plan: Plan, stages: list[StageCost]) -> tuple[list[flo
     hops = [transfer_time(w, plan, s) for s in range(pp - 1)]
     host, free, done = 0.0, [0.0] * pp, {}
     for s, kind, m in dispatch_order(plan.schedule, pp, micro):
-        moves = (kind == FORWARD and s < pp - 1) or (kind == BACKWARD and s > 0)
-        host += dispatch[s] * (2 if moves else 1)  # the call, and the device_put of what it hands on
+        host += dispatch[s] * launches(kind, s, pp)
         if kind == FORWARD:
             ready = done[s - 1, FORWARD, m] + hops[s - 1] if s > 0 else 0.0
             seconds = stages[s].forward

@@ -140,16 +140,16 @@ BUILTIN: dict[str, DeviceProfile] = {
     "H200": _gpu("H200", 141, 989e12, 495e12, 4.8e12),
     "A100": _gpu("A100", 80, 312e12, 156e12, 2.04e12),
     # This machine's CPU (2 cores) as `codesign profile` measured it on a quiet machine
-    # (2026-11-26, JAX 0.10.2), fitted to its real probe steps: what tests and a sweep with
+    # (2026-11-26, JAX 0.10.2), fitted to its 11 real probe steps: what tests and a sweep with
     # CODESIGN_PROFILE=builtin price with.
     "cpu": DeviceProfile(kind="cpu", platform="cpu", memory=8 * 2**30,
-                         rates=(("fp32", (("DOT", Rate(1.6e11, 1.8e11, 8e-5)), ("LINEAR", Rate(5.2e10, 5e9, 2.5e-5)),
-                                          ("ATTENTION", Rate(9.7e10, 3.3e10, 1e-4)),
-                                          ("CONVOLUTION", Rate(9e8, 1.2e9, 9.3e-6)),
-                                          (LAYER, Rate(3.4e10, 3.2e10, 4.2e-7)))),),
-                         bandwidth=1.6e10, dispatch=4.2e-5,
-                         speedup=((1, 1.0), (2, 1.16), (4, 1.51), (8, 1.45)), link=Link(3.2e9, 2.9e-5),
-                         sync_traffic=0.022, combines_collectives=False, roofline=False),
+                         rates=(("fp32", (("DOT", Rate(7.4e10, 7.4e10, 1.8e-5)), ("LINEAR", Rate(6.6e9, 6.1e9, 4.6e-6)),
+                                          ("ATTENTION", Rate(5.8e10, 2e10, 2e-5)),
+                                          ("CONVOLUTION", Rate(7.9e8, 9.7e8, 2.7e-5)),
+                                          (LAYER, Rate(3.1e10, 4.8e10, 1.1e-6)))),),
+                         bandwidth=1.6e10, dispatch=1.9e-4,
+                         speedup=((1, 1.0), (2, 1.0), (4, 1.31), (8, 1.22)), link=Link(3e9, 2.2e-5),
+                         sync_traffic=0.015, combines_collectives=False, roofline=False),
 }
 
 
