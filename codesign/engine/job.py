@@ -34,7 +34,9 @@ from codesign.planner.plan import Plan, check_plan, make_plan
 from codesign.spec.types import Job
 
 log = logging.getLogger(__name__)
-TRIAL_STEPS = 3  # steps of each auto_trials candidate; the first (compilation's warm-up) is not timed
+# Steps of each auto_trials candidate; the first (compilation's warm-up) is not timed: the median
+# of 2 steps put three twins of one plan 36.7 to 55.4 ms apart on 8 CPU devices.
+TRIAL_STEPS = 8
 
 
 def build_training(job: Job, plan: Plan) -> programs.Training:

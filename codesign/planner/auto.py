@@ -62,6 +62,11 @@ class Candidate:
     estimate: Estimate
 
 
+def shape(plan: Plan) -> tuple:
+    """What a plan computes where, up to the order of its devices and its schedule."""
+    return (tuple((s.layers, s.dp, s.op) for s in plan.stages), plan.batch_axis, plan.remat, plan.reduce_scatter)
+
+
 @dataclass(frozen=True)
 class AutoChoice:
     """The plans that fit, best predicted first, and what the search cost."""
@@ -73,6 +78,17 @@ class AutoChoice:
 
     def best(self) -> Candidate:
         return self.ranked[0]
+
+    def trials(self, k: int) -> tuple[Candidate, ...]:
+        """The k best plans of distinct shapes (each stage's layers, dp and op; the plan-wide
+        options): variants that differ only in the schedule or the devices' order are priced
+        alike, so trialling them would only measure the noise between twins."""
+        chosen: dict[tuple, Candidate] = {}
+        for candidate in self.ranked:
+            chosen.setdefault(shape(candidate.plan), candidate)
+            if len(chosen) == k:
+                break
+        return tuple(chosen.values())
 
     def record(self) -> dict[str, Any]:
         """all_configs["auto_search"]: the chosen plan as a manual spec would say it, its

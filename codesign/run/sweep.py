@@ -135,7 +135,7 @@ class Pricing:
         except PlanError as err:
             return Prepared(outcome=Outcome(INVALID, error=str(err), duration=0.0))
         log.info("Auto search priced %d plans in %.2f s", choice.priced, choice.seconds)
-        return Prepared(choice.ranked[:job.parallel.auto_trials],
+        return Prepared(choice.trials(job.parallel.auto_trials),
                         {**self.predicted(job, choice.best()), "auto_search": choice.record()})
 
     def predicted(self, job: Job, candidate: Candidate) -> dict[str, Any]:
