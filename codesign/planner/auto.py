@@ -63,8 +63,8 @@ class Candidate:
 
 
 def shape(plan: Plan) -> tuple:
-    """What a plan computes where, up to the order of its devices and its schedule."""
-    return (tuple((s.layers, s.dp, s.op) for s in plan.stages), plan.batch_axis, plan.remat, plan.reduce_scatter)
+    """Each stage's layers and (dp, op): what a plan's columns show."""
+    return tuple((s.layers, s.dp, s.op) for s in plan.stages)
 
 
 @dataclass(frozen=True)
@@ -80,12 +80,12 @@ class AutoChoice:
         return self.ranked[0]
 
     def trials(self, k: int) -> tuple[Candidate, ...]:
-        """The k best plans of distinct shapes (each stage's layers, dp and op; the plan-wide
-        options): variants that differ only in the schedule or the devices' order are priced
-        alike, so trialling them would only measure the noise between twins."""
+        """The k best plans of distinct shapes: variants of one shape priced alike (another
+        schedule, device order, or an option that changes nothing there, such as ZeRO-2 where
+        dp = 1) would only measure the noise between twins."""
         chosen: dict[tuple, Candidate] = {}
         for candidate in self.ranked:
-            chosen.setdefault(shape(candidate.plan), candidate)
+            chosen.setdefault((shape(candidate.plan), round(candidate.estimate.seconds, 9)), candidate)
             if len(chosen) == k:
                 break
         return tuple(chosen.values())
