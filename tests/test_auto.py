@@ -137,11 +137,11 @@ def test_the_record_says_the_plan_as_a_manual_spec_its_prediction_and_the_runner
     assert math.isclose(runners[0]["predicted"]["seconds"], choice.ranked[1].estimate.seconds)
 
 
-def test_trials_are_the_best_plans_that_are_not_twins():
+def test_trials_are_the_best_plans_of_distinct_shapes():
     choice = choose_plan(auto_job(model=SMALL, per_host=8, micro=4, device="cpu", batch=64), ProfileBook())
 
     def twin(c):
-        return auto.shape(c.plan), round(c.estimate.seconds, 9)
+        return auto.shape(c.plan)
 
     assert sum(twin(c) == twin(choice.best()) for c in choice.ranked) > 1  # e.g. both schedules, priced alike
     trials = choice.trials(3)

@@ -80,12 +80,13 @@ class AutoChoice:
         return self.ranked[0]
 
     def trials(self, k: int) -> tuple[Candidate, ...]:
-        """The k best plans of distinct shapes: variants of one shape priced alike (another
-        schedule, device order, or an option that changes nothing there, such as ZeRO-2 where
-        dp = 1) would only measure the noise between twins."""
+        """The best plan of each of the k best shapes: variants of one shape (another schedule,
+        device order, or an option that changes little or nothing there, such as ZeRO-2 where
+        dp = 1) are priced within a fraction of a percent, and trialling them only measured
+        the noise between twins."""
         chosen: dict[tuple, Candidate] = {}
         for candidate in self.ranked:
-            chosen.setdefault((shape(candidate.plan), round(candidate.estimate.seconds, 9)), candidate)
+            chosen.setdefault(shape(candidate.plan), candidate)
             if len(chosen) == k:
                 break
         return tuple(chosen.values())
