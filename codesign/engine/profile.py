@@ -51,10 +51,9 @@ log = logging.getLogger("codesign.profile")
 PROBE = {"cpu": ((32, 4, 16), (8, 48, 128)), "gpu": ((256, 20, 160), (256, 1024, 2048))}
 WIDE_PROBE = {"cpu": (48, 8, 8), "gpu": (512, 20, 160)}
 SPEEDUP_SAMPLES = 16  # per device, in the shared-core speed-up probe (small steps: what a CPU sweep runs)
-# What the calibration fits a factor to: fixed costs per call (and per program dispatch),
-# FLOP-proportional time, memory traffic, and XLA:CPU's copies around a gradient all-reduce. (The collectives'
-# latency keeps its micro-benchmark: its one-per-array cost is what small steps' fits trade
-# against the fixed costs.)
+# What the calibration fits a factor to: fixed costs per mixer call, FLOP-proportional time,
+# memory traffic, and XLA:CPU's copies around a gradient all-reduce. The dispatch cost and the
+# collectives' latency keep their micro-benchmarks: fitted, they traded against the fixed costs.
 COMPONENTS = ("fixed", "flops", "memory", "sync")
 
 
