@@ -110,8 +110,9 @@ def test_two_trials_are_measured_and_the_fastest_runs(tmp_path):
     trials = configs["auto_trials"]
     assert len(trials) == 2 and all(t["measured_time"] > 0 and t["predicted_time"] > 0 for t in trials)
     ranked = choose_plan(dataclasses.replace(JOB, parallel=dataclasses.replace(JOB.parallel, auto_trials=2)),
-                         ProfileBook()).ranked
-    assert [t["predicted_time"] for t in trials] == [c.estimate.seconds for c in ranked[:2]]
+                         ProfileBook()).trials(2)  # the best plans of two shapes
+    assert [t["predicted_time"] for t in trials] == [c.estimate.seconds for c in ranked]
+    assert trials[0]["pp_dp_op"] != trials[1]["pp_dp_op"] or trials[0]["layers"] != trials[1]["layers"]
     fastest = min(range(2), key=lambda i: trials[i]["measured_time"])
     assert Plan.from_dict(configs["chosen_plan"]) == ranked[fastest].plan
     assert row["pp_dp_op"] == json.dumps(trials[fastest]["pp_dp_op"])

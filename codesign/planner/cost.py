@@ -393,7 +393,8 @@ def estimate(w: Workload, plan: Plan) -> Estimate:
         seconds = w.profile.call_cost(busy) + micro * (only.forward + only.backward) - repeated + only.update
         bubble = 0.0
     else:  # each stage at its own devices' speed, unless the devices share cores with the others
-        alone = [stage_cost(w, stage, s, plan, len(stage.device_ids)) for s, stage in enumerate(plan.stages)]
+        alone = stages if not w.profile.shares_cores else [
+            stage_cost(w, stage, s, plan, len(stage.device_ids)) for s, stage in enumerate(plan.stages)]
         ends, pipeline_end, comm["stage transfers"] = simulate(w, plan, alone)
         seconds = max(max(ends), shared_cores_bound(w, plan, stages, busy))
         bubble = max(0.0, pipeline_end - max(micro * (s.forward + s.backward) for s in alone))
@@ -410,7 +411,7 @@ def shared_cores_bound(w: Workload, plan: Plan, stages: Sequence[StageCost], bus
     cores. On devices of their own it never binds."""
     packed = sum(len(stage.device_ids) / busy * (plan.num_micro_batches * (c.forward + c.backward) + c.update)
                  for stage, c in zip(plan.stages, stages))
-    return packed + (host_seconds(w, plan) if w.profile.platform == "cpu" else 0.0)
+    return packed + (host_seconds(w, plan) if w.profile.shares_cores else 0.0)
 
 
 def host_seconds(w: Workload, plan: Plan) -> float:

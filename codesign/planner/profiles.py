@@ -78,16 +78,21 @@ class DeviceProfile:
         ns, speeds = zip(*self.speedup)
         return float(np.interp(busy, ns, speeds)) / busy
 
+    @property
+    def shares_cores(self) -> bool:
+        """Virtual CPU devices: they, and the host launching their programs, share one machine."""
+        return self.platform == "cpu"
+
     def call_cost(self, devices: int) -> float:
         """The host's seconds to launch one program on `devices` devices: on CPU one execution
         per device (64 small arrays: 0.10, 0.29, 0.46, 1.0 ms on 1, 2, 4, 8 virtual devices);
         GPUs' launches are asynchronous."""
-        return self.dispatch * (devices if self.platform == "cpu" else 1)
+        return self.dispatch * (devices if self.shares_cores else 1)
 
     def memory_share(self, busy: int) -> float:
         """Each of `busy` devices' share of the memory system: virtual CPU devices share one (an
         Adam update over 8 devices' replicas takes 8 times one's), GPUs each have their own."""
-        return 1.0 / busy if self.platform == "cpu" and busy > 1 else 1.0
+        return 1.0 / busy if self.shares_cores and busy > 1 else 1.0
 
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
