@@ -110,7 +110,7 @@ def test_pipeline_simulation_of_equal_stages_matches_the_closed_form(schedule):
     plan = dataclasses.replace(make_plan(job(per_host=2, pp_dp_op=(2, 1, 1), micro=4, num_auto_layers=2)),
                                schedule=schedule)
     stage = StageCost(1.0, 2.0, 0.5, {}, Memory())
-    ends, pipeline_end, transfers = simulate(w, plan, [stage, stage])
+    ends, pipeline_end, transfers, _ = simulate(w, plan, [stage, stage])
     assert pipeline_end == pytest.approx((4 + 2 - 1) * 3.0)
     assert max(ends) == pytest.approx(15.5) and transfers == 0.0
 
@@ -119,7 +119,7 @@ def test_pipeline_simulation_waits_for_the_host_dispatch():
     w = flat_workload(dispatch=10.0)  # dispatch dominates: every call waits for the host
     plan = make_plan(job(per_host=2, pp_dp_op=(2, 1, 1), micro=2, num_auto_layers=2))
     stage = StageCost(1.0, 1.0, 0.0, {}, Memory())
-    ends, _, _ = simulate(w, plan, [stage, stage])
+    ends, _, _, _ = simulate(w, plan, [stage, stage])
     # 8 calls, 4 of them handing on an activation or cotangent (a device_put each), 2 updates
     assert max(ends) == pytest.approx(10.0 * (8 + 4 + 2))
 
@@ -294,11 +294,11 @@ def test_a_pipeline_on_shared_cores_is_no_faster_than_its_packed_work():
 
     cpu = job(model=SMALL, batch=16, device="cpu", per_host=2, pp_dp_op=(2, 1, 1), micro=4, num_auto_layers=2)
     plan, stages, busy = stages_of(cpu)
-    bound = cost.shared_cores_bound(Workload.of(cpu, BUILTIN["cpu"]), plan, stages, busy)
+    bound = cost.shared_cores_bound(plan, stages, busy)
     assert priced(cpu).seconds >= bound > 0.5 * sum(4 * (s.forward + s.backward) for s in stages)
     gpu = job(per_host=4, pp_dp_op=(4, 1, 1), micro=8, num_auto_layers=4)
     plan, stages, busy = stages_of(gpu)
-    assert cost.shared_cores_bound(Workload.of(gpu, BUILTIN["H100"]), plan, stages, busy) < 0.5 * priced(gpu).seconds  # own devices: never binds
+    assert cost.shared_cores_bound(plan, stages, busy) < 0.5 * priced(gpu).seconds  # own devices: never binds
 
 
 def test_remat_on_cpu_recomputes_the_forward_without_its_fixed_costs_again():
@@ -319,6 +319,6 @@ def test_launching_a_program_costs_the_cpu_host_once_per_device():
     assert cpu.call_cost(8) == pytest.approx(8 * cpu.call_cost(1)) and gpu.call_cost(8) == gpu.call_cost(1)
     j = job(model=SMALL, batch=16, device="cpu", per_host=8, pp_dp_op=(2, 4, 1), micro=4, num_auto_layers=2)
     idle = StageCost(0.0, 0.0, 0.0, {}, Memory())
-    ends, _, _ = simulate(Workload.of(j, cpu), make_plan(j), [idle, idle])
+    ends, _, _, host = simulate(Workload.of(j, cpu), make_plan(j), [idle, idle])
     # per stage: 4 forward and 4 backward calls, 4 device_puts of what it hands on, 1 update; on 4 devices each
-    assert max(ends) == pytest.approx(2 * 13 * 4 * cpu.dispatch)
+    assert max(ends) == host == pytest.approx(2 * 13 * 4 * cpu.dispatch)

@@ -395,8 +395,8 @@ def estimate(w: Workload, plan: Plan) -> Estimate:
     else:  # each stage at its own devices' speed, unless the devices share cores with the others
         alone = stages if not w.profile.shares_cores else [
             stage_cost(w, stage, s, plan, len(stage.device_ids)) for s, stage in enumerate(plan.stages)]
-        ends, pipeline_end, comm["stage transfers"] = simulate(w, plan, alone)
-        seconds = max(max(ends), shared_cores_bound(w, plan, stages, busy))
+        ends, pipeline_end, comm["stage transfers"], host = simulate(w, plan, alone)
+        seconds = max(max(ends), shared_cores_bound(plan, stages, busy, host if w.profile.shares_cores else 0.0))
         bubble = max(0.0, pipeline_end - max(micro * (s.forward + s.backward) for s in alone))
     peak = max((s.memory for s in stages), key=lambda m: m.total)
     return Estimate(seconds=seconds, compute=tuple(micro * (s.forward + s.backward) for s in stages),
@@ -404,24 +404,13 @@ def estimate(w: Workload, plan: Plan) -> Estimate:
                     optimizer=max(s.update for s in stages), memory=peak, device_memory=w.profile.memory)
 
 
-def shared_cores_bound(w: Workload, plan: Plan, stages: Sequence[StageCost], busy: int) -> float:
+def shared_cores_bound(plan: Plan, stages: Sequence[StageCost], busy: int, host: float = 0.0) -> float:
     """A pipeline on devices that share cores (virtual CPU devices) is no faster than all its
     stages' work packed onto their aggregate speed (each stage's seconds with every device
-    busy, weighted by its share of the devices) plus the host's launches, which run on the same
-    cores. On devices of their own it never binds."""
-    packed = sum(len(stage.device_ids) / busy * (plan.num_micro_batches * (c.forward + c.backward) + c.update)
-                 for stage, c in zip(plan.stages, stages))
-    return packed + (host_seconds(w, plan) if w.profile.shares_cores else 0.0)
-
-
-def host_seconds(w: Workload, plan: Plan) -> float:
-    """The host's time launching a pipeline's programs: each call, each device_put between
-    stages and each update, on the calling stage's devices (the order simulate dispatches)."""
-    pp = len(plan.stages)
-    calls = [0] * pp
-    for s, kind, _ in dispatch_order(plan.schedule, pp, plan.num_micro_batches):
-        calls[s] += launches(kind, s, pp)
-    return sum((n + 1) * w.profile.call_cost(len(stage.device_ids)) for n, stage in zip(calls, plan.stages))
+    busy, weighted by its share of the devices) plus the `host` seconds of its launches, which
+    run on the same cores. On devices of their own it never binds."""
+    return host + sum(len(stage.device_ids) / busy * (plan.num_micro_batches * (c.forward + c.backward) + c.update)
+                      for stage, c in zip(plan.stages, stages))
 
 
 def launches(kind: str, stage: int, pp: int) -> int:
@@ -468,12 +457,12 @@ def transfer_time(w: Workload, plan: Plan, index: int) -> float:
     return point_to_point(nbytes / Submesh.of(src, plan.batch_axis).batch_shards, link)
 
 
-def simulate(w: Workload, plan: Plan, stages: list[StageCost]) -> tuple[list[float], float, float]:
+def simulate(w: Workload, plan: Plan, stages: list[StageCost]) -> tuple[list[float], float, float, float]:
     """Event simulation of the pipeline engine: the host dispatches the schedule's dispatch_order
     (each call, and each device_put between stages, costs the stage's call_cost), each stage runs its
     calls in that order, a forward waits for the previous stage's activation, a backward for the
-    next stage's cotangent; then one update per stage. Returns each stage's end time, when the last backward ended, and the
-    seconds spent in transfers."""
+    next stage's cotangent; then one update per stage. Returns each stage's end time, when the
+    last backward ended, the seconds spent in transfers and the host's seconds of launches."""
     pp, micro = len(plan.stages), plan.num_micro_batches
     dispatch = [w.profile.call_cost(len(stage.device_ids)) for stage in plan.stages]
     hops = [transfer_time(w, plan, s) for s in range(pp - 1)]
@@ -493,7 +482,7 @@ def simulate(w: Workload, plan: Plan, stages: list[StageCost]) -> tuple[list[flo
     for s in range(pp):
         host += dispatch[s]
         ends.append(max(host, free[s]) + stages[s].update)
-    return ends, max(free), 2 * micro * sum(hops)
+    return ends, max(free), 2 * micro * sum(hops), host
 
 
 def predict(job: Job, book: ProfileBook, links: Iterable[LinkSpec] = ()) -> dict[str, object]:
