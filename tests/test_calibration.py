@@ -18,15 +18,16 @@ def predicted(profile, jobs):
 def test_the_probe_steps_cover_every_fitted_component_on_eight_cpu_devices():
     jobs = probe_jobs("cpu", 8)
     kinds = {(j.parallel.pp_dp_op, j.num_micro_batches > 1) for j in jobs}
-    assert {((1, 2, 1), False), ((1, 1, 2), False), ((2, 1, 1), True), ((1, 8, 1), False), ((1, 1, 1), True)} <= kinds
+    assert {((1, 2, 1), False), ((1, 1, 2), False), ((2, 1, 1), True), ((1, 8, 1), False), ((1, 1, 1), True),
+            ((2, 2, 1), True), ((2, 1, 2), True), ((2, 2, 2), True)} <= kinds
     assert [j.cluster.num_devices for j in probe_jobs("cpu", 1)] == [1] * 4
 
 
-@pytest.mark.parametrize("truth", [dict(fixed=0.5, flops=2.0, memory=3.0, sync=4.0),
-                                   dict(fixed=1.5, flops=0.7, memory=1.0, sync=0.5)])
+@pytest.mark.parametrize("truth", [dict(fixed=0.5, flops=2.0, memory=3.0, sync=4.0, contention=1.3),
+                                   dict(fixed=1.5, flops=0.7, memory=1.0, sync=0.5, contention=1.8)])
 def test_factors_are_recovered_from_steps_the_cost_model_would_predict(truth):
     probed = BUILTIN["cpu"]
-    assert probed.sync_traffic > 0
+    assert probed.sync_traffic > 0 and probed.contention > 0
     jobs = probe_jobs("cpu", 8)
     measured = predicted(scaled(probed, truth), jobs)
     found = fitted_factors(probed, jobs, measured)
@@ -37,10 +38,11 @@ def test_factors_are_recovered_from_steps_the_cost_model_would_predict(truth):
 
 
 def test_a_component_no_probe_exercises_keeps_its_micro_benchmark():
-    jobs = probe_jobs("cpu", 1)  # one device: no all-reduce, so nothing to fit "sync" to
+    jobs = probe_jobs("cpu", 1)  # one device: no all-reduce, so nothing to fit "sync" to,
     probed = BUILTIN["cpu"]
     measured = [1.3 * t for t in predicted(probed, jobs)]
-    assert fitted_factors(probed, jobs, measured)["sync"] == 1.0
+    found = fitted_factors(probed, jobs, measured)
+    assert found["sync"] == found["contention"] == 1.0  # nor a pipeline to fit "contention" to
 
 
 def test_the_shared_core_probe_times_the_probe_models_gradients_on_each_device_count():
@@ -49,3 +51,11 @@ def test_the_shared_core_probe_times_the_probe_models_gradients_on_each_device_c
     peak, points = json.loads(out)
     assert peak > 1e8 and [n for n, _ in points] == [1, 2]
     assert points[0][1] == 1.0 and 1.0 <= points[1][1] <= 2.5  # two devices: at worst they take turns
+
+
+def test_the_cpu_link_latency_is_one_more_array_in_a_program_reducing_many():
+    code = ("import json\nfrom codesign.engine.profile import link\n"
+            "print(json.dumps([vars(link(1, per_array=True)), vars(link(1, per_array=False))]))")
+    per_array, lone = json.loads(run_on_devices(2, code).stdout.strip().splitlines()[-1])
+    for found in (per_array, lone):
+        assert found["bandwidth"] > 1e7 and 1e-8 < found["latency"] < 1e-3

@@ -296,6 +296,8 @@ def test_a_pipeline_on_shared_cores_is_no_faster_than_its_packed_work():
     plan, stages, busy = stages_of(cpu)
     bound = cost.shared_cores_bound(plan, stages, busy)
     assert priced(cpu).seconds >= bound > 0.5 * sum(4 * (s.forward + s.backward) for s in stages)
+    contended = cost.shared_cores_bound(plan, stages, busy, contention=0.1)
+    assert contended == pytest.approx((1 + 0.1 * (busy - 1)) * bound)
     gpu = job(per_host=4, pp_dp_op=(4, 1, 1), micro=8, num_auto_layers=4)
     plan, stages, busy = stages_of(gpu)
     assert cost.shared_cores_bound(plan, stages, busy) < 0.5 * priced(gpu).seconds  # own devices: never binds
@@ -322,3 +324,14 @@ def test_launching_a_program_costs_the_cpu_host_once_per_device():
     ends, _, _, host = simulate(Workload.of(j, cpu), make_plan(j), [idle, idle])
     # per stage: 4 forward and 4 backward calls, 4 device_puts of what it hands on, 1 update; on 4 devices each
     assert max(ends) == host == pytest.approx(2 * 13 * 4 * cpu.dispatch)
+
+
+def test_contention_slows_pipelines_on_shared_cores_only():
+    cpu = BUILTIN["cpu"]
+    calm, busy = (dataclasses.replace(cpu, contention=c) for c in (0.0, 0.1))
+    pipeline = job(model=SMALL, batch=16, device="cpu", per_host=8, pp_dp_op=(2, 2, 2), micro=4, num_auto_layers=2)
+    assert priced(pipeline, busy).seconds > 1.3 * priced(pipeline, calm).seconds
+    single_program = job(model=SMALL, batch=16, device="cpu", per_host=8, pp_dp_op=(1, 4, 2), micro=4)
+    assert priced(single_program, busy).seconds == priced(single_program, calm).seconds
+    gpu = job(per_host=4, pp_dp_op=(4, 1, 1), micro=8, num_auto_layers=4)
+    assert priced(gpu, dataclasses.replace(BUILTIN["H100"], contention=0.1)).seconds == priced(gpu).seconds

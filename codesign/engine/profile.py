@@ -28,7 +28,7 @@ import optax
 import psutil
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
-from scipy.optimize import nnls
+from scipy.optimize import least_squares, nnls
 
 from codesign.engine.job import build_training
 from codesign.engine.programs import DTYPES
@@ -52,9 +52,12 @@ PROBE = {"cpu": ((32, 4, 16), (8, 48, 128)), "gpu": ((256, 20, 160), (256, 1024,
 WIDE_PROBE = {"cpu": (48, 8, 8), "gpu": (512, 20, 160)}
 SPEEDUP_SAMPLES = 16  # per device, in the shared-core speed-up probe (small steps: what a CPU sweep runs)
 # What the calibration fits a factor to: fixed costs per mixer call, FLOP-proportional time,
-# memory traffic, and XLA:CPU's copies around a gradient all-reduce. The dispatch cost and the
+# memory traffic, XLA:CPU's copies around a gradient all-reduce, and the contention of a
+# pipeline's stages on shared cores (how far from perfectly packed). The dispatch cost and the
 # collectives' latency keep their micro-benchmarks: fitted, they traded against the fixed costs.
-COMPONENTS = ("fixed", "flops", "memory", "sync")
+COMPONENTS = ("fixed", "flops", "memory", "sync", "contention")
+FACTOR_BOUNDS = (0.05, 20.0)
+CONTENTION = 0.05  # the pipelines' contention on CPU the fit starts from: cost sweeps on 2-8 devices fit 0.05-0.07
 
 
 def median_time(fn: Callable[[], object], repeats: int, best: bool = True) -> float:
@@ -179,10 +182,12 @@ def speedup(platform: str, repeats: int) -> tuple[float, list[tuple[int, float]]
     return peak, points
 
 
-def link(repeats: int) -> Link | None:
-    """All-reduces over every local device: a large one (bandwidth) and a small one against the
-    same program without the collective (latency: a step's gradients go as one combined
-    all-reduce, so one call's cost, not a share of many calls merged into one)."""
+def link(repeats: int, per_array: bool) -> Link | None:
+    """All-reduces over every local device: a large one gives the bandwidth. The latency is one
+    call's cost where a step's gradients go as one combined all-reduce (a small all-reduce
+    against the same program without it); `per_array` (CPU, where each array pays its own
+    rendezvous) it is the marginal cost of one more array in a program reducing many (XLA:CPU:
+    6-9 us per ring step back to back, against 14-22 us for a lone call)."""
     devices = jax.devices()
     n = len(devices)
     if n < 2:
@@ -193,11 +198,22 @@ def link(repeats: int) -> Link | None:
     big = jax.device_put(jnp.ones((n, size // 4), jnp.float32), sharded)
     reduce = jax.jit(lambda a: jnp.sum(a, axis=0), out_shardings=replicated)
     small = jax.device_put(jnp.ones((n, 16), jnp.float32), sharded)
-    local = jax.jit(lambda a: a * 2.0, out_shardings=sharded)
     reduce_small = median_time(lambda: reduce(small), repeats)
-    one_call = max(reduce_small - median_time(lambda: local(small), repeats), 1e-7)
+    if per_array:
+        one_call = (small_reduces(mesh, 32, repeats) - small_reduces(mesh, 8, repeats)) / 24
+    else:
+        local = jax.jit(lambda a: a * 2.0, out_shardings=sharded)
+        one_call = reduce_small - median_time(lambda: local(small), repeats)
     moving = max(median_time(lambda: reduce(big), repeats) - reduce_small, 1e-9)
-    return Link(2 * (n - 1) / n * size / moving, one_call / (2 * (n - 1)))
+    return Link(2 * (n - 1) / n * size / moving, max(one_call, 1e-7) / (2 * (n - 1)))
+
+
+def small_reduces(mesh: Mesh, arrays: int, repeats: int) -> float:
+    """Seconds of one program all-reducing `arrays` small arrays, as a step's gradients go on CPU."""
+    n = mesh.devices.size
+    xs = [jax.device_put(jnp.ones((n, 16 + k), jnp.float32), NamedSharding(mesh, P("d"))) for k in range(arrays)]
+    reduce = jax.jit(lambda xs: [jnp.sum(x, axis=0) for x in xs], out_shardings=[NamedSharding(mesh, P())] * arrays)
+    return median_time(lambda: reduce(xs), repeats)
 
 
 def update_scratch(platform: str) -> float:
@@ -249,7 +265,8 @@ def probe_jobs(platform: str, devices: int) -> list[Job]:
     small, large = sizes[0], sizes[1]
     plans = [(1, (1, 1, 1), 1, small), (1, (1, 1, 1), 1, large), (1, (1, 1, 1), 4, large),
              (2, (1, 2, 1), 1, small), (2, (1, 2, 1), 2, small), (2, (1, 1, 2), 1, small),
-             (2, (2, 1, 1), 2, small), (4, (1, 2, 2), 1, small), (8, (1, 8, 1), 1, small),
+             (2, (2, 1, 1), 2, small), (4, (1, 2, 2), 1, small), (4, (2, 2, 1), 2, small),
+             (4, (2, 1, 2), 2, small), (8, (1, 8, 1), 1, small), (8, (2, 2, 2), 2, small),
              (1, (1, 1, 1), 1, small, True), (2, (1, 2, 1), 1, small, True)]
     return [probe_job(platform, *plan) for plan in plans if plan[0] <= devices]
 
@@ -260,7 +277,8 @@ def scaled(profile: DeviceProfile, factors: dict[str, float]) -> DeviceProfile:
     rates = tuple((p, tuple((k, Rate(r.forward / f["flops"], r.backward / f["flops"], r.overhead * f["fixed"]))
                             for k, r in table)) for p, table in profile.rates)
     return dataclasses.replace(profile, rates=rates, bandwidth=profile.bandwidth / f["memory"],
-                               sync_traffic=profile.sync_traffic * f["sync"] / f["memory"])
+                               sync_traffic=profile.sync_traffic * f["sync"] / f["memory"],
+                               contention=profile.contention * f["contention"])
 
 
 def calibrate(profile: DeviceProfile, platform: str, repeats: int) -> DeviceProfile:
@@ -278,22 +296,30 @@ def calibrate(profile: DeviceProfile, platform: str, repeats: int) -> DeviceProf
 
 
 def fitted_factors(profile: DeviceProfile, jobs: list[Job], measured: list[float]) -> dict[str, float]:
-    """For each probe step the cost model's seconds split into COMPONENTS (what doubling one
-    component's factor adds); a non-negative least-squares fit of the relative error gives each
-    component's factor. A component no probe exercises keeps its micro-benchmark."""
-    parts, rest = [], []
-    for job in jobs:
-        plan = make_plan(job)
-        base = estimate(Workload.of(job, profile), plan).seconds
-        split = [estimate(Workload.of(job, scaled(profile, {k: 2.0})), plan).seconds - base for k in COMPONENTS]
-        parts.append(split)
-        rest.append(base - sum(split))
-    a, target = np.array(parts), np.array(measured) - np.array(rest)
-    weights = 1 / np.array(measured)
-    used = np.abs(a).max(axis=0) > 1e-3 * min(measured)
-    fitted, _ = nnls(a[:, used] * weights[:, None], target * weights)
+    """Each component's factor, by least squares of the probe steps' relative error. The linear
+    part first: each step's seconds split into COMPONENTS (what doubling one factor adds), a
+    non-negative fit; then a bounded refinement over them all, since "contention" scales the
+    others' seconds where a pipeline's shared-cores bound binds. A component no probe
+    exercises keeps its micro-benchmark."""
+    plans = [make_plan(job) for job in jobs]
+    observed = np.array(measured)
+
+    def seconds(factors: dict[str, float]) -> np.ndarray:
+        fitted = scaled(profile, factors)
+        return np.array([estimate(Workload.of(job, fitted), plan).seconds for job, plan in zip(jobs, plans)])
+
+    base = seconds({})
+    a = np.array([seconds({k: 2.0}) - base for k in COMPONENTS]).T
+    used = np.array(COMPONENTS)[np.abs(a).max(axis=0) > 1e-3 * observed.min()].tolist()
+    columns = [COMPONENTS.index(k) for k in used]
+    weights = 1 / observed
+    linear, _ = nnls(a[:, columns] * weights[:, None], (observed - base + a[:, columns].sum(axis=1)) * weights)
+    bounds = np.log(FACTOR_BOUNDS)
+    start = np.clip(np.log(np.maximum(linear, FACTOR_BOUNDS[0])), *bounds)
+    refined = least_squares(lambda x: seconds(dict(zip(used, np.exp(x)))) / observed - 1, start,
+                            bounds=bounds, diff_step=1e-3)
     factors = dict.fromkeys(COMPONENTS, 1.0)
-    factors.update(zip(np.array(COMPONENTS)[used], np.clip(fitted, 0.05, 20.0).tolist()))
+    factors.update(zip(used, np.exp(refined.x).tolist()))
     return factors
 
 
@@ -319,10 +345,11 @@ def measure(repeats: int = 5) -> DeviceProfile:
         rates.append((precision, tuple(table)))
     probed = DeviceProfile(kind=device.device_kind if platform == "gpu" else "cpu", platform=platform,
                            memory=device_memory(device), rates=tuple(rates), bandwidth=bw,
-                           dispatch=dispatch,
-                           speedup=tuple(points) if platform == "cpu" else (), link=link(repeats),
+                           dispatch=dispatch, speedup=tuple(points) if platform == "cpu" else (),
+                           link=link(repeats, per_array=platform == "cpu"),
                            update_scratch=update_scratch(platform), combines_collectives=platform == "gpu",
                            sync_traffic=1.0 if platform == "cpu" else 0.0,
+                           contention=CONTENTION if platform == "cpu" else 0.0,
                            roofline=False, versions=tuple(sorted(library_versions().items())), source="measured")
     profile = calibrate(probed, platform, repeats)
     log.info("  calibrated on real steps: memory %.3g B/s, link %s, %.2f gradient copies per all-reduce",

@@ -396,7 +396,8 @@ def estimate(w: Workload, plan: Plan) -> Estimate:
         alone = stages if not w.profile.shares_cores else [
             stage_cost(w, stage, s, plan, len(stage.device_ids)) for s, stage in enumerate(plan.stages)]
         ends, pipeline_end, comm["stage transfers"], host = simulate(w, plan, alone)
-        seconds = max(max(ends), shared_cores_bound(plan, stages, busy, host if w.profile.shares_cores else 0.0))
+        seconds = max(max(ends), shared_cores_bound(plan, stages, busy, host, w.profile.contention)
+                      if w.profile.shares_cores else 0.0)
         bubble = max(0.0, pipeline_end - max(micro * (s.forward + s.backward) for s in alone))
     peak = max((s.memory for s in stages), key=lambda m: m.total)
     return Estimate(seconds=seconds, compute=tuple(micro * (s.forward + s.backward) for s in stages),
@@ -404,13 +405,17 @@ def estimate(w: Workload, plan: Plan) -> Estimate:
                     optimizer=max(s.update for s in stages), memory=peak, device_memory=w.profile.memory)
 
 
-def shared_cores_bound(plan: Plan, stages: Sequence[StageCost], busy: int, host: float = 0.0) -> float:
+def shared_cores_bound(plan: Plan, stages: Sequence[StageCost], busy: int, host: float = 0.0,
+                       contention: float = 0.0) -> float:
     """A pipeline on devices that share cores (virtual CPU devices) is no faster than all its
     stages' work packed onto their aggregate speed (each stage's seconds with every device
     busy, weighted by its share of the devices) plus the `host` seconds of its launches, which
-    run on the same cores. On devices of their own it never binds."""
-    return host + sum(len(stage.device_ids) / busy * (plan.num_micro_batches * (c.forward + c.backward) + c.update)
-                      for stage, c in zip(plan.stages, stages))
+    run on the same cores. Its stages' many small programs, each waking its devices' threads
+    while the others' run, do not pack perfectly: the work takes 1 + contention x (busy - 1)
+    times its packed seconds. On devices of their own it never binds."""
+    packed = sum(len(stage.device_ids) / busy * (plan.num_micro_batches * (c.forward + c.backward) + c.update)
+                 for stage, c in zip(plan.stages, stages))
+    return host + (1 + contention * (busy - 1)) * packed
 
 
 def launches(kind: str, stage: int, pp: int) -> int:

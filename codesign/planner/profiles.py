@@ -61,6 +61,8 @@ class DeviceProfile:
     update_scratch: float = 0.0  # gradient-sized scratch buffers of a compiled pp = 1 step, beyond the gradients
     sync_traffic: float = 0.0  # gradient-sized arrays a gradient all-reduce also moves through memory
     # (XLA:CPU copies and transposes them around its all-reduce); fitted to real steps
+    contention: float = 0.0  # a pipeline on shared cores: its work's excess over perfectly packed, per
+    # busy device beyond one (its stages' small programs wake threads beside the others'); fitted to real steps
     combines_collectives: bool = True  # XLA merges ZeRO-2's parameter all-gathers (GPU); CPU: one per array
     roofline: bool = True  # rates count FLOPs only, activation traffic is added at `bandwidth`;
     # False: measured rates already include the traffic at the probed widths
@@ -110,6 +112,7 @@ class DeviceProfile:
                    link=Link(**data["link"]) if data.get("link") else None,
                    update_scratch=float(data.get("update_scratch", 0.0)),
                    sync_traffic=float(data.get("sync_traffic", 0.0)),
+                   contention=float(data.get("contention", 0.0)),
                    combines_collectives=bool(data.get("combines_collectives", True)),
                    roofline=bool(data.get("roofline", True)),
                    versions=tuple(sorted(data.get("versions", {}).items())), source=data.get("source", "measured"))
@@ -145,16 +148,17 @@ BUILTIN: dict[str, DeviceProfile] = {
     "H200": _gpu("H200", 141, 989e12, 495e12, 4.8e12),
     "A100": _gpu("A100", 80, 312e12, 156e12, 2.04e12),
     # This machine's CPU (2 cores) as `codesign profile` measured it on a quiet machine
-    # (2026-11-26, JAX 0.10.2), fitted to its 11 real probe steps: what tests and a sweep with
+    # (2026-11-26, JAX 0.10.2), fitted to its 14 real probe steps: what tests and a sweep with
     # CODESIGN_PROFILE=builtin price with.
     "cpu": DeviceProfile(kind="cpu", platform="cpu", memory=8 * 2**30,
-                         rates=(("fp32", (("DOT", Rate(7.4e10, 7.4e10, 1.8e-5)), ("LINEAR", Rate(6.6e9, 6.1e9, 4.6e-6)),
-                                          ("ATTENTION", Rate(5.8e10, 2e10, 2e-5)),
-                                          ("CONVOLUTION", Rate(7.9e8, 9.7e8, 2.7e-5)),
-                                          (LAYER, Rate(3.1e10, 4.8e10, 1.1e-6)))),),
-                         bandwidth=1.6e10, dispatch=1.9e-4,
-                         speedup=((1, 1.0), (2, 1.0), (4, 1.31), (8, 1.22)), link=Link(3e9, 2.2e-5),
-                         sync_traffic=0.015, combines_collectives=False, roofline=False),
+                         rates=(("fp32", (("DOT", Rate(1.66e11, 1.66e11, 6e-5)),
+                                          ("LINEAR", Rate(3.3e10, 5.6e9, 1.6e-5)),
+                                          ("ATTENTION", Rate(1.2e11, 2.1e10, 5.9e-5)),
+                                          ("CONVOLUTION", Rate(1.3e9, 1.7e9, 8.3e-5)),
+                                          (LAYER, Rate(4.9e10, 3.4e10, 9.4e-6)))),),
+                         bandwidth=2.1e10, dispatch=9.7e-5,
+                         speedup=((1, 1.0), (2, 1.11), (4, 1.37), (8, 1.52)), link=Link(3.1e9, 9.4e-6),
+                         sync_traffic=2.4, contention=0.044, combines_collectives=False, roofline=False),
 }
 
 
