@@ -10,6 +10,7 @@ Step times on a loaded machine are noisy: run it on a quiet one and read the loa
     python bench/bench_auto.py --models mixed uniform              # two models (twice the jobs)
     python bench/bench_auto.py -d auto.db                          # keep the DB: a rerun reprints it
     python bench/bench_auto.py --devices 4 --micro 2 --models mixed
+    python bench/bench_auto.py --trials 1 3                        # Auto search with 1 and with 3 trials
 """
 
 from __future__ import annotations
@@ -46,14 +47,14 @@ def manual_specs(devices: int, layers: int) -> list[tuple[int, int, int]]:
 
 
 def config_text(models: list[str], devices: list[int], micro: list[int], iters: int, batch: int,
-                trials: int = 1) -> str:
+                trials: tuple[int, ...] = (1,)) -> str:
     layers = max(int(MODELS[m].split("num_zhen_layers = ")[1].split()[0]) for m in models)
     parts = [f"[training_spec]\navg_batch_size_per_device = {batch}\nnum_iters = {iters}\n"]
     parts += [f"[[model]]\n{MODELS[m]}\n" for m in models]
     parts += [f'[[cluster_spec]]\nnum_hosts = 1\nnum_devices_per_host = {n}\ntransport = "NVLink"\nplatform = "cpu"\n'
               for n in devices]
-    parts.append(f'[[parallel_spec]]\ndescription = "Auto search"\nnum_micro_batches = {micro}\n'
-                 f'num_auto_layers = {layers}\nauto_trials = {trials}\n')  # the manual plans' groups: pipelines too
+    parts += [f'[[parallel_spec]]\ndescription = "Auto search"\nnum_micro_batches = {micro}\n'
+              f'num_auto_layers = {layers}\nauto_trials = {k}\n' for k in trials]  # the manual plans' groups
     for n in devices:
         for pp, dp, op in manual_specs(n, layers):
             parts.append(f'[[parallel_spec]]\ndescription = "pp{pp} dp{dp} op{op}"\nnum_micro_batches = {micro}\n'
@@ -61,23 +62,28 @@ def config_text(models: list[str], devices: list[int], micro: list[int], iters: 
     return "\n".join(parts)
 
 
-def groups(rows: list[dict]) -> dict[tuple, dict[str, list[dict]]]:
-    """(model, cluster, micro-batches) -> {"auto": its attempts, "manual": the manual ones}."""
+def groups(rows: list[dict], trials: int) -> dict[tuple, dict[str, list[dict]]]:
+    """(model, cluster, micro-batches) -> {"auto": the attempts of the Auto search spec with
+    auto_trials = trials, "manual": the manual ones}."""
     out: dict[tuple, dict[str, list[dict]]] = {}
     for r in rows:
-        spec = json.loads(r["all_configs"])
+        parallel = json.loads(r["all_configs"])["parallel"]
         key = (f"F{r['input_features']} L{r['num_zhen_layers']} {r['token_mixer']}",
                f"{r['num_nodes']}x{r['gpus_per_node']}", r["num_micro_batches"])
-        kind = "auto" if spec["parallel"]["description"] == "Auto search" else "manual"
-        out.setdefault(key, {"auto": [], "manual": []})[kind].append(r)
+        found = out.setdefault(key, {"auto": [], "manual": []})
+        if parallel["description"] != "Auto search":
+            found["manual"].append(r)
+        elif parallel.get("auto_trials", 1) == trials:
+            found["auto"].append(r)
     return out
 
 
-def report(rows: list[dict]) -> list[float]:
+def report(rows: list[dict], trials: int) -> list[float]:
     """Print one line per group; returns Auto/best-manual ratios of the groups where both ran."""
+    print(f"\nauto_trials = {trials}")
     print(f"{'model':<58}{'cluster':>8}{'mb':>4}{'auto ms':>9}{'best ms':>9}{'ratio':>7}  auto plan | best manual")
     ratios = []
-    for (model, cluster, micro), found in sorted(groups(rows).items()):
+    for (model, cluster, micro), found in sorted(groups(rows, trials).items()):
         auto = [r for r in found["auto"] if r["status"] == "succeeded"]
         manual = [r for r in found["manual"] if r["status"] == "succeeded"]
         if not auto or not manual:
@@ -105,7 +111,8 @@ def main() -> None:
     parser.add_argument("--iters", type=int, default=20,
                         help="Iterations per job (2 warm-up): a median of 4 steps differed by up to 1.7x between "
                              "two runs of the same plan.")
-    parser.add_argument("--trials", type=int, default=1, help="auto_trials of the Auto search spec.")
+    parser.add_argument("--trials", nargs="+", type=int, default=[1],
+                        help="auto_trials of the Auto search spec; several: one spec each, reported apart.")
     parser.add_argument("--batch", type=int, default=8, help="Samples per device.")
     parser.add_argument("--timeout", type=float, default=300, help="Seconds per job.")
     parser.add_argument("-d", "--db", help="Keep the results DB here (default: a temporary one).")
@@ -113,7 +120,7 @@ def main() -> None:
     logging.basicConfig(level=logging.WARNING)
     with tempfile.TemporaryDirectory(prefix="bench-auto-") as tmp:
         path = Path(tmp) / "auto.toml"
-        path.write_text(config_text(args.models, args.devices, args.micro, args.iters, args.batch, args.trials))
+        path.write_text(config_text(args.models, args.devices, args.micro, args.iters, args.batch, tuple(args.trials)))
         config = load_config(path)
         planned = list(enumerate_jobs(config, Hosts.local(0)))
         store = Store(args.db or Path(tmp) / "results.db")
@@ -126,10 +133,12 @@ def main() -> None:
                 if "auto_search" in (r["all_configs"] or "")]
     print(f"{len(planned)} jobs on {os.cpu_count()} cores, load average {load:.1f} before, "
           f"{os.getloadavg()[0]:.1f} after; cost model profile: {book.for_job(planned[0].job).source}")
-    ratios = report(rows)
-    if ratios:
-        print(f"Auto / best manual over {len(ratios)} groups: median {statistics.median(ratios):.2f} (target <= 1.10), "
-              f"max {max(ratios):.2f} (target <= 1.5); search time max {max(searches):.3f} s")
+    for trials in args.trials:
+        ratios = report(rows, trials)
+        if ratios:
+            print(f"auto_trials = {trials}: Auto / best manual over {len(ratios)} groups: median "
+                  f"{statistics.median(ratios):.2f} (target <= 1.10), max {max(ratios):.2f} (target <= 1.5)")
+    print(f"search time max {max(searches):.3f} s")
 
 
 if __name__ == "__main__":

@@ -144,8 +144,38 @@ def test_trials_are_the_best_plans_of_distinct_shapes():
         return auto.shape(c.plan)
 
     assert sum(twin(c) == twin(choice.best()) for c in choice.ranked) > 1  # e.g. both schedules, priced alike
+    assert {len(c.plan.stages) for c in choice.ranked} == {1, 2, 3, 4}  # uneven splits of the 4 groups too
     trials = choice.trials(3)
     assert trials[0] == choice.best() and len({twin(c) for c in trials}) == 3
     ranks = [choice.ranked.index(c) for c in trials]
     assert ranks == sorted(ranks)
-    assert all(twin(c) in {twin(t) for t in trials} for c in choice.ranked[:ranks[-1]])
+    per_degree = {n: next(c for c in choice.ranked if len(c.plan.stages) == n) for n in (1, 2, 3, 4)}
+    best_degree = len(choice.best().plan.stages)
+    others = sorted((n for n in per_degree if n not in (1, best_degree)),
+                    key=lambda n: choice.ranked.index(per_degree[n]))
+    expected = [per_degree[n] for n in dict.fromkeys([best_degree, 1, *others])]  # the best, one program, the rest
+    assert {choice.ranked.index(t) for t in trials} == {choice.ranked.index(c) for c in expected[:3]}
+    more = choice.trials(5)  # the best of all four degrees, then the best plan of another shape
+    fifth = next(c for c in choice.ranked if twin(c) not in {twin(p) for p in expected})
+    assert [choice.ranked.index(c) for c in more] == sorted(choice.ranked.index(c) for c in [*expected, fifth])
+
+
+def test_on_cpu_zero2_is_chosen_only_where_a_plan_needs_its_memory():
+    j = auto_job(model=SMALL, per_host=8, micro=2, device="cpu", batch=64)
+    ranked = choose_plan(j, ProfileBook()).ranked
+    assert ranked and not any(c.plan.reduce_scatter for c in ranked)
+    gpu = auto_job(model=SMALL, per_host=8, micro=2, batch=64)
+    assert any(c.plan.reduce_scatter for c in choose_plan(gpu, ProfileBook()).ranked)
+
+    w = Workload.of(j, BUILTIN["cpu"])
+    saving = {}
+    for plan in auto.all_plans(j):
+        if plan.reduce_scatter:
+            plain = estimate(w, dataclasses.replace(plan, reduce_scatter=False)).peak_bytes
+            saving[plan] = (estimate(w, plan).peak_bytes, plain)
+    zero_plan, (zero_peak, plain_peak) = max(saving.items(), key=lambda kv: kv[1][1] - kv[1][0])
+    assert zero_peak < plain_peak
+    book = book_with_memory((zero_peak + plain_peak) // 2, "cpu")
+    ranked = choose_plan(j, book).ranked
+    assert zero_plan in [c.plan for c in ranked]  # its plain twin does not fit: ZeRO-2 is what makes it run
+    assert dataclasses.replace(zero_plan, reduce_scatter=False) not in [c.plan for c in ranked]
