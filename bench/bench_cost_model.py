@@ -30,17 +30,22 @@ from codesign.store.database import Store
 
 
 def plan_kind(row: dict) -> str:
-    """"dp", "op", "dp x op", "pp GPipe"... with remat, ZeRO-2 and batch-on-op marked."""
-    pp, dp, op = json.loads(row["pp_dp_op"])
-    parallel = json.loads(row["all_configs"])["parallel"]
-    options = dict(parallel["auto_sharding_option"])
+    """"dp", "op", "dp x op", "pp GPipe"... with remat, ZeRO-2 and batch-on-op marked; an Auto
+    search attempt by the plan it ran (uneven stages by their largest dp and op), marked "auto"."""
+    pp, dp, op = (max(v) if isinstance(v, list) else v for v in json.loads(row["pp_dp_op"]))
+    configs = json.loads(row["all_configs"])
+    chosen, options = configs.get("chosen_plan"), dict(configs["parallel"]["auto_sharding_option"])
+    if chosen:
+        schedule, zero, on_op = chosen["schedule"], chosen["reduce_scatter"], chosen["batch_axis"] == "op"
+    else:
+        schedule, zero = configs["parallel"]["pipeline_schedule"], options.get("prefer_reduce_scatter")
+        on_op = options.get("force_batch_dim_to_mesh_dim", 0) == 1
     if pp > 1:
-        kind = f"pp {parallel['pipeline_schedule']}" + (" x dp" if dp > 1 else "") + (" x op" if op > 1 else "")
+        kind = f"pp {schedule}" + (" x dp" if dp > 1 else "") + (" x op" if op > 1 else "")
     else:
         kind = " x ".join([a for a, n in (("dp", dp), ("op", op)) if n > 1]) or "single"
-    marks = ["remat"] * bool(row["remat_layer"]) + ["zero2"] * bool(options.get("prefer_reduce_scatter"))
-    marks += ["batch@op"] * (options.get("force_batch_dim_to_mesh_dim", 0) == 1)
-    return " ".join([kind, *marks])
+    marks = ["remat"] * bool(row["remat_layer"]) + ["zero2"] * bool(zero) + ["batch@op"] * on_op
+    return " ".join([kind, *marks, *["auto"] * bool(chosen)])
 
 
 def repredict(store: Store, rows: list[dict]) -> list[dict]:

@@ -65,11 +65,11 @@ num_auto_layers = 2
 """
 
 
-def bench_errors():
+def bench_cost_model():
     spec = importlib.util.spec_from_file_location("bench_cost_model", REPO / "bench" / "bench_cost_model.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return module.errors, module.summary
+    return module
 
 
 def test_a_cpu_sweep_is_predicted_within_bounds(tmp_path):
@@ -86,8 +86,8 @@ def test_a_cpu_sweep_is_predicted_within_bounds(tmp_path):
     assert all(r[1] > 0 and r[2] > 0 and r[3] == r[4] for r in rows)  # CPU: max_memory is XLA's analysis
     assert {json.loads(r[5])["prediction"]["profile"] for r in rows} == {"built-in"}
 
-    errors, summary = bench_errors()
-    found = summary(errors(str(tmp_path / "r.db")))
+    bench = bench_cost_model()
+    found = bench.summary(bench.errors(str(tmp_path / "r.db")))
     print(f"CPU cost model on {found['n']} attempts: time median {found['time_median']:.1%} "
           f"p90 {found['time_p90']:.1%}; memory median {found['memory_median']:.1%} p90 {found['memory_p90']:.1%}")
     assert found["n"] == 5
@@ -120,3 +120,17 @@ def test_jobs_that_will_not_run_are_not_profiled_for(tmp_path, monkeypatch):
     gpu = Job(ModelSpec(4, 2, 1, 1, (("LINEAR",),)), ClusterSpec(2, 1, "EFAx4", "gpu"), TrainingSpec(2, 2),
               ParallelSpec("dp", (1,), 1, False, (1, 2, 1)), 1, "gpu")
     profiling.ensure_profiles(Store(tmp_path / "r.db"), [PlannedJob(gpu, "needs 2 GPU hosts")])
+
+
+def test_the_bench_names_auto_search_attempts_by_the_plan_they_ran():
+    plan_kind = bench_cost_model().plan_kind
+    auto = {"pp_dp_op": "[4, [1, 2, 1, 1], [1, 1, 1, 4]]", "remat_layer": 0,
+            "all_configs": json.dumps({"parallel": {"description": "Auto search", "auto_sharding_option": {},
+                                                    "pipeline_schedule": "1F1B"},
+                                       "chosen_plan": {"schedule": "GPipe", "reduce_scatter": True,
+                                                       "batch_axis": "op"}})}
+    assert plan_kind(auto) == "pp GPipe x dp x op zero2 batch@op auto"
+    manual = {"pp_dp_op": "[1, 2, 1]", "remat_layer": 1,
+              "all_configs": json.dumps({"parallel": {"pipeline_schedule": "1F1B",
+                                                      "auto_sharding_option": {"prefer_reduce_scatter": True}}})}
+    assert plan_kind(manual) == "dp remat zero2"
