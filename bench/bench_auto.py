@@ -29,6 +29,7 @@ from codesign.run.sweep import Pricing, run_sweep
 from codesign.spec.config import load_config
 from codesign.spec.hosts import Hosts
 from codesign.spec.jobs import enumerate_jobs
+from codesign.spec.types import AUTO_SEARCH
 from codesign.store.database import Store
 
 MODELS = {  # name: the [[model]] table (4 layers: pp 1, 2 and 4 all divide them)
@@ -71,7 +72,7 @@ def groups(rows: list[dict], trials: int) -> dict[tuple, dict[str, list[dict]]]:
         key = (f"F{r['input_features']} L{r['num_zhen_layers']} {r['token_mixer']}",
                f"{r['num_nodes']}x{r['gpus_per_node']}", r["num_micro_batches"])
         found = out.setdefault(key, {"auto": [], "manual": []})
-        if parallel["description"] != "Auto search":
+        if parallel["description"] != AUTO_SEARCH:
             found["manual"].append(r)
         elif parallel.get("auto_trials", 1) == trials:
             found["auto"].append(r)
