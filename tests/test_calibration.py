@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from codesign.engine.profile import COMPONENTS, fitted_factors, probe_jobs, scaled
+from codesign.engine.profile import COMPONENTS, fitted_factors, probe_jobs, scaled, steps_apart
 from codesign.planner.cost import Workload, estimate
 from codesign.planner.plan import make_plan
 from codesign.planner.profiles import BUILTIN
@@ -59,3 +59,9 @@ def test_the_cpu_link_latency_is_one_more_array_in_a_program_reducing_many():
     per_array, lone = json.loads(run_on_devices(2, code).stdout.strip().splitlines()[-1])
     for found in (per_array, lone):
         assert found["bandwidth"] > 1e7 and 1e-8 < found["latency"] < 1e-3
+
+
+
+def test_probe_steps_on_fewer_devices_are_timed_in_a_child_that_sees_only_those():
+    seconds = steps_apart(1, 1)  # raises unless the child saw exactly one device
+    assert len(seconds) == len(probe_jobs("cpu", 1)) == 4 and all(0 < s < 5 for s in seconds)

@@ -7,8 +7,10 @@ micro-batch sizes (a line through them gives the effective FLOP/s and the fixed 
 an Adam update (memory bandwidth) and a program call (the host's cost per dispatch); across the
 local devices, the aggregate speed of 1, 2, 4, 8 devices busy at once (virtual CPU devices
 share the machine's cores), all-reduces (the link's bandwidth and latency) and the scratch XLA
-gives a compiled step. Then it fits the result to real training steps of a probe model.
-Micro-benchmarks keep their fastest time, whole steps their median.
+gives a compiled step. Then it fits the result to real training steps of a probe model, each
+timed as a sweep runs it: on CPU in a process that sees as many virtual devices as the step uses
+(`--steps N`), since idle virtual devices slow the busy ones (a one-device step beside seven idle
+ones took 1.17-1.4x as long). Micro-benchmarks keep their fastest time, whole steps their median.
 """
 
 from __future__ import annotations
@@ -16,8 +18,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
+import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 from typing import Any, Callable
 
 import flax.linen as nn
@@ -271,6 +277,43 @@ def probe_jobs(platform: str, devices: int) -> list[Job]:
     return [probe_job(platform, *plan) for plan in plans if plan[0] <= devices]
 
 
+def probe_step_times(platform: str, jobs: list[Job], repeats: int) -> list[float]:
+    """The probe steps' median seconds. On CPU the steps of n < all devices run in a child that
+    sees n virtual devices, as a sweep's job on n devices does."""
+    here = len(jax.devices())
+    apart = {n: iter(steps_apart(n, repeats)) for n in {j.cluster.num_devices for j in jobs}
+             if platform == "cpu" and n != here}
+    return [next(apart[job.cluster.num_devices]) if job.cluster.num_devices in apart else timed_probe(job, repeats)
+            for job in jobs]
+
+
+def timed_probe(job: Job, repeats: int) -> float:
+    seconds = step_time(job, repeats)
+    log.info("  probe step on %d device(s), (pp, dp, op) = %s, %d micro-batch(es) of %d: %.3g s",
+             job.cluster.num_devices, job.parallel.pp_dp_op, job.num_micro_batches,
+             job.global_batch // job.num_micro_batches, seconds)
+    return seconds
+
+
+def own_probe_jobs(devices: int) -> list[Job]:
+    return [j for j in probe_jobs("cpu", devices) if j.cluster.num_devices == devices]
+
+
+def steps_apart(devices: int, repeats: int) -> list[float]:
+    """own_probe_jobs(devices) timed in a child process that sees that many CPU devices."""
+    flags = [f for f in os.environ.get("XLA_FLAGS", "").split() if "device_count" not in f]
+    env = dict(os.environ, JAX_PLATFORMS="cpu",
+               XLA_FLAGS=" ".join([*flags, f"--xla_force_host_platform_device_count={devices}"]))
+    with tempfile.TemporaryDirectory(prefix="codesign-probe-") as tmp:
+        out = Path(tmp) / "steps.json"
+        subprocess.run([sys.executable, "-m", "codesign.engine.profile", "--steps", str(repeats), str(out)],
+                       env=env, check=True, stdout=subprocess.DEVNULL)
+        found = json.loads(out.read_text())
+    if found["devices"] != devices:
+        raise RuntimeError(f"the probe child saw {found['devices']} devices, not {devices}")
+    return found["seconds"]
+
+
 def scaled(profile: DeviceProfile, factors: dict[str, float]) -> DeviceProfile:
     """The profile with the seconds of each of COMPONENTS multiplied by its factor."""
     f = {k: factors.get(k, 1.0) for k in COMPONENTS}
@@ -285,11 +328,7 @@ def calibrate(profile: DeviceProfile, platform: str, repeats: int) -> DeviceProf
     """Fit the probed profile to real training steps of the probe model (kernels probed one by
     one are not a compiled step: fused, scheduled together, laid out for it)."""
     jobs = probe_jobs(platform, len(jax.devices()))
-    measured = []
-    for job in jobs:
-        measured.append(step_time(job, repeats))
-        log.info("  probe step (pp, dp, op) = %s, %d micro-batch(es) of %d: %.3g s", job.parallel.pp_dp_op,
-                 job.num_micro_batches, job.global_batch // job.num_micro_batches, measured[-1])
+    measured = probe_step_times(platform, jobs, repeats)
     factors = fitted_factors(profile, jobs, measured)
     log.info("  fitted factors: %s", ", ".join(f"{k} x {v:.2f}" for k, v in factors.items()))
     return scaled(profile, factors)
@@ -359,9 +398,14 @@ def measure(repeats: int = 5) -> DeviceProfile:
 
 def main(argv: list[str]) -> int:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="codesign profile: %(message)s")
-    profile = measure()
-    with open(argv[0], "w") as f:
-        json.dump(profile.to_dict(), f)
+    if argv[0] == "--steps":
+        repeats, out = int(argv[1]), argv[2]
+        devices = len(jax.devices())
+        result: Any = {"devices": devices, "seconds": [timed_probe(job, repeats) for job in own_probe_jobs(devices)]}
+    else:
+        out, result = argv[0], measure().to_dict()
+    with open(out, "w") as f:
+        json.dump(result, f)
     return 0
 
 
