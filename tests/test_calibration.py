@@ -21,6 +21,11 @@ def test_the_probe_steps_cover_every_fitted_component_on_eight_cpu_devices():
     assert {((1, 2, 1), False), ((1, 1, 2), False), ((2, 1, 1), True), ((1, 8, 1), False), ((1, 1, 1), True),
             ((2, 2, 1), True), ((2, 1, 2), True), ((2, 2, 2), True)} <= kinds
     assert [j.cluster.num_devices for j in probe_jobs("cpu", 1)] == [1] * 4
+    deep = [j for j in jobs if j.model.num_zhen_layers == 4]  # matmul-heavy: pipelines contend as in sweeps
+    assert {(j.parallel.pp_dp_op, j.model.tokens[0]) for j in deep} == {
+        (shape, tokens) for shape in ((4, 1, 2), (2, 1, 4), (1, 2, 4))
+        for tokens in (("ATTENTION", "LINEAR"), ("DOT", "ATTENTION", "LINEAR"))}
+    assert all(j.cluster.num_devices == 8 and "CONVOLUTION" not in j.model.tokens[0] for j in deep)
 
 
 @pytest.mark.parametrize("truth", [dict(fixed=0.5, flops=2.0, memory=3.0, sync=4.0, contention=1.3),

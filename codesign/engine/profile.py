@@ -56,6 +56,15 @@ log = logging.getLogger("codesign.profile")
 # Widths of the probe layer (F_in, O, D) and its two micro-batch sizes, per platform.
 PROBE = {"cpu": ((32, 4, 16), (8, 48, 128)), "gpu": ((256, 20, 160), (256, 1024, 2048))}
 WIDE_PROBE = {"cpu": (48, 8, 8), "gpu": (512, 20, 160)}
+# The probe steps' models: (widths per platform, layers, each layer's mixers). "probe": every
+# mixer; "wide": gradients large enough to time their all-reduce's copies; "attention", "dot":
+# matmul-heavy layers, whose pipelines contend for shared cores as the models of CPU sweeps do
+# (fitted to the first two alone, contention came out at 0.006 and 8-device pipelines of those
+# models were priced at 0.5-0.6 of their measured time).
+PROBE_WIDTHS = {platform: widths for platform, (widths, _) in PROBE.items()}
+PROBE_MODELS = {"probe": (PROBE_WIDTHS, 2, tuple(MIXERS)), "wide": (WIDE_PROBE, 2, tuple(MIXERS)),
+                "attention": (PROBE_WIDTHS, 4, ("ATTENTION", "LINEAR")),
+                "dot": (PROBE_WIDTHS, 4, ("DOT", "ATTENTION", "LINEAR"))}
 SPEEDUP_SAMPLES = 16  # per device, in the shared-core speed-up probe (small steps: what a CPU sweep runs)
 # What the calibration fits a factor to: fixed costs per mixer call, FLOP-proportional time,
 # memory traffic, XLA:CPU's copies around a gradient all-reduce, and the contention of a
@@ -255,25 +264,28 @@ def step_time(job: Job, repeats: int) -> float:
 
 
 def probe_job(platform: str, devices: int, pp_dp_op: tuple[int, int, int], micro: int, per_device: int,
-              wide: bool = False) -> Job:
-    """A job of the probe model (two layers of every mixer) on `devices` local devices; `wide`:
-    the wide probe model, whose gradients are large enough to time their all-reduce's copies."""
-    f_in, out, emb = WIDE_PROBE[platform] if wide else PROBE[platform][0]
-    model = ModelSpec(f_in, emb, out, 2, (tuple(MIXERS),) * 2)
-    return Job(model, ClusterSpec(1, devices, "NVLink", platform), TrainingSpec(per_device, 3),
-               ParallelSpec("probe", (micro,), pp_dp_op[0], pp_dp_op=pp_dp_op), micro, platform)
+              model: str = "probe") -> Job:
+    """A job of one of PROBE_MODELS on `devices` local devices."""
+    widths, layers, tokens = PROBE_MODELS[model]
+    f_in, out, emb = widths[platform]
+    return Job(ModelSpec(f_in, emb, out, layers, (tokens,) * layers), ClusterSpec(1, devices, "NVLink", platform),
+               TrainingSpec(per_device, 3), ParallelSpec("probe", (micro,), pp_dp_op[0], pp_dp_op=pp_dp_op),
+               micro, platform)
 
 
 def probe_jobs(platform: str, devices: int) -> list[Job]:
     """The real steps a profile is fitted to: one device at two batch sizes and with
-    micro-batches, then, as far as the local devices go, data, operator and pipeline parallel."""
+    micro-batches, then, as far as the local devices go, data, operator and pipeline parallel;
+    on 8 devices, pipelines of 4 matmul-heavy layers beside one program of the same model."""
     _, sizes = PROBE[platform]
     small, large = sizes[0], sizes[1]
     plans = [(1, (1, 1, 1), 1, small), (1, (1, 1, 1), 1, large), (1, (1, 1, 1), 4, large),
              (2, (1, 2, 1), 1, small), (2, (1, 2, 1), 2, small), (2, (1, 1, 2), 1, small),
              (2, (2, 1, 1), 2, small), (4, (1, 2, 2), 1, small), (4, (2, 2, 1), 2, small),
              (4, (2, 1, 2), 2, small), (8, (1, 8, 1), 1, small), (8, (2, 2, 2), 2, small),
-             (1, (1, 1, 1), 1, small, True), (2, (1, 2, 1), 1, small, True)]
+             (1, (1, 1, 1), 1, small, "wide"), (2, (1, 2, 1), 1, small, "wide"),
+             *((8, shape, 2, small, model) for model in ("attention", "dot")
+               for shape in ((4, 1, 2), (2, 1, 4), (1, 2, 4)))]
     return [probe_job(platform, *plan) for plan in plans if plan[0] <= devices]
 
 
