@@ -42,6 +42,7 @@ from codesign.engine.step import accumulate, loss_fn
 from codesign.planner.cost import ADAM_TRAFFIC, Workload, estimate
 from codesign.planner.plan import make_plan
 from codesign.planner.profiles import LAYER, DeviceProfile, Link, Rate, library_versions
+from codesign.spec.hosts import device_env
 from codesign.spec.types import (
     MIXERS,
     ClusterSpec,
@@ -313,9 +314,7 @@ def own_probe_jobs(devices: int) -> list[Job]:
 
 def steps_apart(devices: int, repeats: int) -> list[float]:
     """own_probe_jobs(devices) timed in a child process that sees that many CPU devices."""
-    flags = [f for f in os.environ.get("XLA_FLAGS", "").split() if "device_count" not in f]
-    env = dict(os.environ, JAX_PLATFORMS="cpu",
-               XLA_FLAGS=" ".join([*flags, f"--xla_force_host_platform_device_count={devices}"]))
+    env = device_env(os.environ, "cpu", devices)
     with tempfile.TemporaryDirectory(prefix="codesign-probe-") as tmp:
         out = Path(tmp) / "steps.json"
         subprocess.run([sys.executable, "-m", "codesign.engine.profile", "--steps", str(repeats), str(out)],

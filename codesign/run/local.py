@@ -26,6 +26,7 @@ import psutil
 
 from codesign.outcome import FAILED, INTERRUPTED, TIMEOUT, Outcome, read_outcome
 from codesign.planner.plan import Plan
+from codesign.spec.hosts import device_env
 from codesign.spec.types import Job
 
 log = logging.getLogger(__name__)
@@ -40,15 +41,8 @@ def job_env(job: Job, cache_dir: str | None, local_devices: int | None = None,
 
     local_devices is this process's share of a multi-host job (all devices when None).
     """
-    env = dict(os.environ, PYTHONUNBUFFERED="1", **(extra or {}))
-    flags = [f for f in env.get("XLA_FLAGS", "").split()
-             if not f.startswith("--xla_force_host_platform_device_count")]
-    if job.platform == "cpu":
-        env["JAX_PLATFORMS"] = "cpu"
-        flags.append(f"--xla_force_host_platform_device_count={local_devices or job.cluster.num_devices}")
-    else:
-        env["JAX_PLATFORMS"] = "cuda"
-    env["XLA_FLAGS"] = " ".join(flags)
+    env = device_env(dict(os.environ, PYTHONUNBUFFERED="1", **(extra or {})), job.platform,
+                     local_devices or job.cluster.num_devices)
     if cache_dir:
         env["CODESIGN_CACHE_DIR"] = cache_dir
     return env

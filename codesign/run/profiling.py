@@ -18,7 +18,7 @@ from typing import Iterable
 
 from codesign.errors import UserError
 from codesign.planner.profiles import DeviceProfile, ProfileBook, library_versions
-from codesign.spec.hosts import local_gpu_kind
+from codesign.spec.hosts import device_env, local_gpu_kind
 from codesign.spec.jobs import PlannedJob
 from codesign.store.database import Store
 
@@ -29,10 +29,7 @@ PROFILE_TIMEOUT = 600
 
 def measure(platform: str) -> DeviceProfile:
     """Profile this machine's devices of a platform in a child process; its progress goes to stderr."""
-    env = dict(os.environ, JAX_PLATFORMS="cuda" if platform == "gpu" else "cpu", PYTHONUNBUFFERED="1")
-    if platform == "cpu":
-        flags = [f for f in env.get("XLA_FLAGS", "").split() if "device_count" not in f]
-        env["XLA_FLAGS"] = " ".join([*flags, f"--xla_force_host_platform_device_count={CPU_PROFILE_DEVICES}"])
+    env = device_env(dict(os.environ, PYTHONUNBUFFERED="1"), platform, CPU_PROFILE_DEVICES)
     with tempfile.TemporaryDirectory(prefix="codesign-profile-") as tmp:
         out = Path(tmp) / "profile.json"
         proc = subprocess.run([sys.executable, "-m", "codesign.engine.profile", str(out)], env=env,

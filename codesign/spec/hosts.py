@@ -12,12 +12,23 @@ import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
+from typing import Mapping
 
 from codesign.spec.types import ClusterSpec
 
 log = logging.getLogger(__name__)
 _PROBE = "import jax; d = jax.devices('gpu'); print(len(d)); print(d[0].device_kind if d else '')"
 GPU_FIX = "pip install -e '.[gpu]' (the CUDA build of JAX)"
+DEVICE_COUNT_FLAG = "--xla_force_host_platform_device_count"
+
+
+def device_env(env: Mapping[str, str], platform: str, cpu_devices: int = 1) -> dict[str, str]:
+    """A child JAX process's environment: its platform and, on CPU, how many virtual devices it
+    sees (read once, when JAX starts in the child)."""
+    flags = [f for f in env.get("XLA_FLAGS", "").split() if not f.startswith(DEVICE_COUNT_FLAG)]
+    if platform == "cpu":
+        flags.append(f"{DEVICE_COUNT_FLAG}={cpu_devices}")
+    return {**env, "JAX_PLATFORMS": "cpu" if platform == "cpu" else "cuda", "XLA_FLAGS": " ".join(flags)}
 
 
 @functools.cache
