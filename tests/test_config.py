@@ -42,6 +42,8 @@ def test_platform_and_new_keys(tmp_path):
     assert config.clusters[0].platform == "cpu"
     assert config.training.precision == "bf16" and config.training.learning_rate == 0.01
     assert config.training.fold_dot and not load_config(write(tmp_path, BASE)).training.fold_dot
+    timed = load_config(write(tmp_path, BASE.replace("num_iters = 3", "num_iters = 3\nmin_measured_seconds = 1.5")))
+    assert timed.training.min_measured_seconds == 1.5 and config.training.min_measured_seconds == 0
 
 
 @pytest.mark.parametrize("old, new, table, field", [
@@ -53,6 +55,7 @@ def test_platform_and_new_keys(tmp_path):
     ('emb_dim = 4', 'emb_dim = 0', "[[model]] #1", "emb_dim"),
     ('num_iters = 3', 'num_iters = "3"', "[training_spec]", "num_iters"),
     ('num_iters = 3', 'num_iters = 3\nfold_dot = "yes"', "[training_spec]", "fold_dot"),
+    ('num_iters = 3', 'num_iters = 3\nmin_measured_seconds = -1', "[training_spec]", "min_measured_seconds"),
     ('"(pp, dp, op)" = [1, 2, 1]', '"(pp, dp, op)" = [1, 2]', "[[parallel_spec]] #1", "(pp, dp, op)"),
     ('"(pp, dp, op)" = [1, 2, 1]', '', "[[parallel_spec]] #1", "(pp, dp, op)"),
     ('num_micro_batches = [1, 3]', 'num_micro_batches = [1, 3]\nphysical_mesh_shape = [1, 4]',

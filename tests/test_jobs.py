@@ -62,3 +62,5 @@ def test_auto_trials_at_its_default_leaves_the_key_unchanged(fixture_config):
     assert auto.key == "634b7a04ae23041dfee46c59fb36721ff8346834a7d057376da3f41e11985c05"
     three = dataclasses.replace(auto.job, parallel=dataclasses.replace(auto.job.parallel, auto_trials=3))
     assert job_key(three) != auto.key
+    timed = dataclasses.replace(auto.job, training=dataclasses.replace(auto.job.training, min_measured_seconds=1.0))
+    assert auto.job.training.min_measured_seconds == 0 and job_key(timed) != auto.key

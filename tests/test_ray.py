@@ -1,5 +1,6 @@
 """Sweeps on a two-node Ray cluster on loopback: a job spanning both hosts, and faults."""
 
+import dataclasses
 import json
 import os
 import time
@@ -79,7 +80,9 @@ def test_the_cluster_counts_as_two_cpu_hosts(cluster):
 
 
 def test_two_host_data_parallel_job_matches_the_single_process_reference(cluster, tmp_path):
-    job = two_host_job()
+    """Timed for min_measured_seconds: both processes run host 0's count of extra steps (were
+    they to disagree, one would wait in a collective until the timeout)."""
+    job = dataclasses.replace(two_host_job(), training=TrainingSpec(8, 4, min_measured_seconds=1.0))
     reference_store = Store(tmp_path / "reference.db")
     run_sweep([PlannedJob(job)], reference_store, LocalExecutor(), retry_failed=False, manual_timeout=300)
     (reference,) = reference_store.attempts()
@@ -94,7 +97,7 @@ def test_two_host_data_parallel_job_matches_the_single_process_reference(cluster
     diff = max(abs(a - b) for a, b in zip(losses, json.loads(reference["all_configs"])["losses"]))
     print(f"2-host losses {losses}, max |diff| vs 1 process {diff:.2e}, "
           f"{time.monotonic() - start:.1f} s on Ray")
-    assert len(losses) == 4 and losses[-1] < losses[0] and diff < LOSS_TOL
+    assert len(losses) > 4 and losses[-1] < losses[0] and diff < LOSS_TOL
     assert json.loads(row["all_configs"])["plan"]["stages"][0]["device_ids"] == [0, 1, 2, 3]
     assert resources_freed()
 

@@ -48,6 +48,17 @@ def test_warm_up_steps_are_trained_but_not_timed():
     assert (len(losses), len(times), energy) == (6, 4, None)
 
 
+def test_min_measured_seconds_times_more_steps_until_they_add_up_to_it():
+    """Past num_iters, the measured steps go on, in rounds priced at their median pace, until
+    they have taken min_measured_seconds."""
+    job = dataclasses.replace(JOB, training=TrainingSpec(32, 4, min_measured_seconds=0.3))
+    training = job_body.build_training(job, make_plan(job))
+    losses, times, _ = job_body.measure_steps(training, job, jax.local_devices())
+    assert len(times) > 3 and len(losses) == len(times) + job.training.warmup_iters
+    assert sum(times) >= 0.3 > sum(times[:3])
+    assert job_body.more_steps([0.125] * 3, 1.0) == 5 and job_body.more_steps([0.5] * 3, 1.0) == 0
+
+
 def test_an_auto_search_job_without_a_chosen_plan_is_invalid():
     """The orchestrator chooses an Auto search job's plan; the job body never guesses one."""
     job = dataclasses.replace(JOB, parallel=ParallelSpec("Auto search", (1,), 1))

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import platform as pyplatform
 import sys
@@ -22,6 +23,7 @@ from typing import Any, Sequence
 import jax
 import numpy as np
 import optax
+from jax.experimental import multihost_utils
 
 from codesign.engine import pipeline, programs
 from codesign.engine.energy import open_energy_meter
@@ -48,16 +50,36 @@ def build_training(job: Job, plan: Plan) -> programs.Training:
     return build_single_stage(job, plan)
 
 
-def train_steps(training: programs.Training, steps: int) -> tuple[list[float], list[float]]:
-    """Run synchronised steps; returns the losses and the wall time of each step."""
+def train_steps(training: programs.Training, steps: int, min_seconds: float = 0.0) -> tuple[list[float], list[float]]:
+    """Run synchronised steps: `steps` of them, then more, in rounds priced at their median pace,
+    until they add up to min_seconds; returns the losses and the wall time of each step."""
     losses, times = [], []
-    for _ in range(steps):
-        start = time.perf_counter()
-        loss = training.step()
-        jax.block_until_ready((training.params(), loss))
-        times.append(time.perf_counter() - start)
-        losses.append(float(loss))
+    count = steps
+    while count:
+        for _ in range(count):
+            run_step(training, losses, times)
+        count = more_steps(times, min_seconds)
     return losses, times
+
+
+def run_step(training: programs.Training, losses: list[float], times: list[float]) -> None:
+    start = time.perf_counter()
+    loss = training.step()
+    jax.block_until_ready((training.params(), loss))
+    times.append(time.perf_counter() - start)
+    losses.append(float(loss))
+
+
+def more_steps(times: list[float], min_seconds: float) -> int:
+    """Steps still to run for the timed ones to add up to min_seconds; every process of a
+    multi-host job runs process 0's count (each step is a collective program)."""
+    if min_seconds <= 0:  # the same in every process: a config's
+        return 0
+    short = min_seconds - sum(times)
+    count = math.ceil(short / float(np.median(times))) if short > 0 and times else 0
+    if jax.process_count() > 1:
+        count = int(multihost_utils.broadcast_one_to_all(np.int32(count)))
+    return count
 
 
 def measure_steps(training: programs.Training, job: Job, devices) -> tuple[list[float], list[float], float | None]:
@@ -67,7 +89,7 @@ def measure_steps(training: programs.Training, job: Job, devices) -> tuple[list[
     losses, _ = train_steps(training, warmup)
     meter = open_energy_meter(devices)
     start = meter() if meter else None
-    measured_losses, times = train_steps(training, job.training.num_iters - warmup)
+    measured_losses, times = train_steps(training, job.training.num_iters - warmup, job.training.min_measured_seconds)
     energy = (meter() - start) / len(times) if meter else None
     return losses + measured_losses, times, energy
 

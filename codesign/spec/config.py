@@ -157,7 +157,8 @@ def _array(top: _Table, name: str) -> list[dict[str, Any]]:
     return value
 
 
-_TRAINING_KEYS = {"avg_batch_size_per_device", "num_iters", "learning_rate", "seed", "precision", "fold_dot"}
+_TRAINING_KEYS = {"avg_batch_size_per_device", "num_iters", "learning_rate", "seed", "precision", "fold_dot",
+                  "min_measured_seconds"}
 _MODEL_KEYS = {"num_features", "emb_dim", "output_per_emb", "num_zhen_layers", "tokens"}
 _CLUSTER_KEYS = {"num_hosts", "num_devices_per_host", "transport", "platform", "device"}
 _PARALLEL_KEYS = {"description", "num_micro_batches", "num_auto_layers", "remat_layer", PP_DP_OP,
@@ -198,7 +199,8 @@ def parse_training(t: _Table) -> TrainingSpec:
                         learning_rate=t.float("learning_rate", 1e-3),
                         seed=t.int("seed", default=0, minimum=0),
                         precision=t.choice("precision", PRECISIONS, "fp32"),
-                        fold_dot=t.bool("fold_dot", False))
+                        fold_dot=t.bool("fold_dot", False),
+                        min_measured_seconds=t.float("min_measured_seconds", 0.0, minimum_exclusive=False))
 
 
 def parse_model(t: _Table) -> ModelSpec:
