@@ -9,8 +9,9 @@ local devices, the aggregate speed of 1, 2, 4, 8 devices busy at once (virtual C
 share the machine's cores), all-reduces (the link's bandwidth and latency) and the scratch XLA
 gives a compiled step. Then it fits the result to real training steps of a probe model, each
 timed as a sweep runs it: on CPU in a process that sees as many virtual devices as the step uses
-(`--steps N`), since idle virtual devices slow the busy ones (a one-device step beside seven idle
-ones took 1.17-1.4x as long). Micro-benchmarks keep their fastest time, whole steps their median.
+(`--steps R`, serving rounds of timing on request), since idle virtual devices slow the busy ones
+(a one-device step beside seven idle ones took 1.17-1.4x as long). Micro-benchmarks keep their
+fastest time, whole steps their median.
 """
 
 from __future__ import annotations
@@ -21,9 +22,7 @@ import logging
 import os
 import subprocess
 import sys
-import tempfile
 import time
-from pathlib import Path
 from typing import Any, Callable
 
 import flax.linen as nn
@@ -36,7 +35,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 from scipy.optimize import least_squares, nnls
 
-from codesign.engine.job import build_training
+from codesign.engine.job import build_training, train_steps
 from codesign.engine.programs import DTYPES
 from codesign.engine.step import accumulate, loss_fn
 from codesign.planner.cost import ADAM_TRAFFIC, Workload, estimate
@@ -71,17 +70,20 @@ SPEEDUP_SAMPLES = 16  # per device, in the shared-core speed-up probe (small ste
 # memory traffic, XLA:CPU's copies around a gradient all-reduce, and the contention of a
 # pipeline's stages on shared cores (how far from perfectly packed). The dispatch cost and the
 # collectives' latency keep their micro-benchmarks: fitted, they traded against the fixed costs.
+PROBE_SECONDS = 1.5  # each probe step's timed steps in all: ten 3 ms steps moved 1.5x between runs
+PROBE_ROUNDS = 3  # ... taken in rounds over all the probes of one process
 COMPONENTS = ("fixed", "flops", "memory", "sync", "contention")
 FACTOR_BOUNDS = (0.05, 20.0)
 CONTENTION = 0.05  # the pipelines' contention on CPU the fit starts from: cost sweeps on 2-8 devices fit 0.05-0.07
 
 
-def median_time(fn: Callable[[], object], repeats: int, best: bool = True) -> float:
+def median_time(fn: Callable[[], object], repeats: int, best: bool = True, min_seconds: float = 0.0) -> float:
     """Seconds of one call: the fastest of `repeats` for micro-benchmarks (other processes only
-    ever add time), the median for whole steps (what a job's median sees)."""
+    ever add time), the median for whole steps (what a job's median sees); with min_seconds,
+    more calls until they add up to that."""
     jax.block_until_ready(fn())
-    times = []
-    for _ in range(repeats):
+    times: list[float] = []
+    while len(times) < repeats or sum(times) < min_seconds:
         start = time.perf_counter()
         jax.block_until_ready(fn())
         times.append(time.perf_counter() - start)
@@ -192,7 +194,7 @@ def speedup(platform: str, repeats: int) -> tuple[float, list[tuple[int, float]]
         y = jax.device_put(jnp.ones((n * SPEEDUP_SAMPLES, counts.output_width(job.model))), sharded)
         f = jax.jit(jax.shard_map(local, mesh=mesh, in_specs=(P(), P("d"), P("d")), out_specs=P("d")))
         placed = jax.device_put(params, replicated)
-        seconds = median_time(lambda: f(placed, x, y), 2 * repeats, best=False)
+        seconds = median_time(lambda: f(placed, x, y), 2 * repeats, best=False, min_seconds=PROBE_SECONDS)
         base = base or seconds
         points.append((n, max(1.0, n * base / seconds)))  # at worst they take turns; less is others' load
     return peak, points
@@ -258,10 +260,52 @@ def update_scratch(platform: str) -> float:
     return max(float(stats.temp_size_in_bytes) / param_bytes - 1, 0.0) if stats is not None else 0.0
 
 
-def step_time(job: Job, repeats: int) -> float:
-    """Median seconds of a job's real training iteration (compiled, then run)."""
-    training = build_training(job, make_plan(job))
-    return median_time(training.step, 2 * repeats, best=False)
+class LocalProbes:
+    """Probe steps compiled in this process, timed a round at a time, as a job times its steps."""
+
+    def __init__(self, jobs: list[Job], repeats: int):
+        self.trainings = [build_training(job, make_plan(job)) for job in jobs]
+        for training in self.trainings:
+            train_steps(training, 1)  # the first run's allocations, not timed
+        self.steps = max(1, 2 * repeats // PROBE_ROUNDS)
+
+    def round(self) -> list[list[float]]:
+        """Each step's wall times over PROBE_SECONDS / PROBE_ROUNDS."""
+        return [train_steps(training, self.steps, PROBE_SECONDS / PROBE_ROUNDS)[1] for training in self.trainings]
+
+
+class ChildProbes:
+    """own_probe_jobs(devices) compiled in a child process that sees that many CPU devices (as a
+    sweep's job on them does), timed a round at a time when asked; between rounds it waits."""
+
+    def __init__(self, devices: int, repeats: int):
+        self.proc = subprocess.Popen([sys.executable, "-m", "codesign.engine.profile", "--steps", str(repeats)],
+                                     env=device_env(os.environ, "cpu", devices), stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, text=True)
+        self.devices = devices
+
+    def ready(self) -> None:
+        seen = self._reply()["devices"]
+        if seen != self.devices:
+            raise RuntimeError(f"the probe child saw {seen} devices, not {self.devices}")
+
+    def round(self) -> list[list[float]]:
+        self.proc.stdin.write("round\n")
+        self.proc.stdin.flush()
+        return self._reply()["times"]
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+    def _reply(self) -> dict[str, Any]:
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the probe child on {self.devices} device(s) exited with {self.proc.wait()}")
+        return json.loads(line)
 
 
 def probe_job(platform: str, devices: int, pp_dp_op: tuple[int, int, int], micro: int, per_device: int,
@@ -292,37 +336,47 @@ def probe_jobs(platform: str, devices: int) -> list[Job]:
 
 def probe_step_times(platform: str, jobs: list[Job], repeats: int) -> list[float]:
     """The probe steps' median seconds. On CPU the steps of n < all devices run in a child that
-    sees n virtual devices, as a sweep's job on n devices does."""
+    sees n virtual devices, as a sweep's job on n devices does. Every group (this process's,
+    each child's) is timed in PROBE_ROUNDS rounds, one group at a time, so that all of them see
+    the same mix of the machine's drifting speed (8-device probes timed a minute after the
+    others ran 1.3x slower, and the fit read that as contention)."""
     here = len(jax.devices())
-    apart = {n: iter(steps_apart(n, repeats)) for n in {j.cluster.num_devices for j in jobs}
-             if platform == "cpu" and n != here}
-    return [next(apart[job.cluster.num_devices]) if job.cluster.num_devices in apart else timed_probe(job, repeats)
-            for job in jobs]
-
-
-def timed_probe(job: Job, repeats: int) -> float:
-    seconds = step_time(job, repeats)
-    log.info("  probe step on %d device(s), (pp, dp, op) = %s, %d micro-batch(es) of %d: %.3g s",
-             job.cluster.num_devices, job.parallel.pp_dp_op, job.num_micro_batches,
-             job.global_batch // job.num_micro_batches, seconds)
-    return seconds
+    apart = sorted({j.cluster.num_devices for j in jobs} - {here}) if platform == "cpu" else []
+    children = [ChildProbes(n, repeats) for n in apart]
+    try:
+        groups: dict[int, LocalProbes | ChildProbes] = {
+            here: LocalProbes([j for j in jobs if j.cluster.num_devices not in apart], repeats)}
+        for child in children:
+            child.ready()
+            groups[child.devices] = child
+        pooled: dict[int, list[list[float]]] = {}
+        for _ in range(PROBE_ROUNDS):
+            for n, group in groups.items():
+                times = group.round()
+                pooled[n] = [a + b for a, b in zip(pooled.get(n, [[] for _ in times]), times)]
+    finally:
+        for child in children:
+            child.close()
+    medians = {n: iter(float(np.median(t)) for t in times) for n, times in pooled.items()}
+    found = [next(medians[job.cluster.num_devices]) for job in jobs]
+    for job, seconds in zip(jobs, found):
+        log.info("  probe step on %d device(s), (pp, dp, op) = %s, %d micro-batch(es) of %d: %.3g s",
+                 job.cluster.num_devices, job.parallel.pp_dp_op, job.num_micro_batches,
+                 job.global_batch // job.num_micro_batches, seconds)
+    return found
 
 
 def own_probe_jobs(devices: int) -> list[Job]:
     return [j for j in probe_jobs("cpu", devices) if j.cluster.num_devices == devices]
 
 
-def steps_apart(devices: int, repeats: int) -> list[float]:
-    """own_probe_jobs(devices) timed in a child process that sees that many CPU devices."""
-    env = device_env(os.environ, "cpu", devices)
-    with tempfile.TemporaryDirectory(prefix="codesign-probe-") as tmp:
-        out = Path(tmp) / "steps.json"
-        subprocess.run([sys.executable, "-m", "codesign.engine.profile", "--steps", str(repeats), str(out)],
-                       env=env, check=True, stdout=subprocess.DEVNULL)
-        found = json.loads(out.read_text())
-    if found["devices"] != devices:
-        raise RuntimeError(f"the probe child saw {found['devices']} devices, not {devices}")
-    return found["seconds"]
+def serve_probes(repeats: int) -> None:
+    """The child's side of ChildProbes: compile, say how many devices it sees, then time a round
+    for each line read until stdin closes."""
+    probes = LocalProbes(own_probe_jobs(len(jax.devices())), repeats)
+    print(json.dumps({"devices": len(jax.devices())}), flush=True)
+    for _ in sys.stdin:
+        print(json.dumps({"times": probes.round()}), flush=True)
 
 
 def scaled(profile: DeviceProfile, factors: dict[str, float]) -> DeviceProfile:
@@ -410,13 +464,10 @@ def measure(repeats: int = 5) -> DeviceProfile:
 def main(argv: list[str]) -> int:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="codesign profile: %(message)s")
     if argv[0] == "--steps":
-        repeats, out = int(argv[1]), argv[2]
-        devices = len(jax.devices())
-        result: Any = {"devices": devices, "seconds": [timed_probe(job, repeats) for job in own_probe_jobs(devices)]}
-    else:
-        out, result = argv[0], measure().to_dict()
-    with open(out, "w") as f:
-        json.dump(result, f)
+        serve_probes(int(argv[1]))
+        return 0
+    with open(argv[0], "w") as f:
+        json.dump(measure().to_dict(), f)
     return 0
 
 
