@@ -242,9 +242,10 @@ def test_the_dot_as_defined_has_no_fold_terms_and_the_block_fold_is_priced_as_it
     assert scratch[1] >= 2 * dot_folded.fold_kernel / 2 * cost.PARAM_BYTES > scratch[0] / 10
 
 
-def test_gradients_are_all_reduced_once_per_micro_batch_as_xla_compiles_the_step():
+def test_gradients_are_all_reduced_once_per_step_after_the_micro_batches():
     """The compiled pp = 1 step of dp = 2 with 2 micro-batches: one combined all-reduce of the
-    gradients inside the accumulation loop, none after it; the cost model charges the same."""
+    gradients, after the accumulation loop, none inside it (XLA left alone put it inside, once
+    per micro-batch pair); the cost model charges one, as for one micro-batch."""
     from tests.conftest import run_on_devices
 
     proc = run_on_devices(2, """
@@ -266,10 +267,11 @@ def test_gradients_are_all_reduced_once_per_micro_batch_as_xla_compiles_the_step
         print(where.get(body, 0), sum(where.values()))
     """)
     in_loop, total = map(int, proc.stdout.split())
-    assert (in_loop, total) == (1, 1)
+    assert (in_loop, total) == (0, 1)
     priced2, priced1 = (priced(job(model=SMALL, batch=8, per_host=2, pp_dp_op=(1, 2, 1), micro=m, device="cpu"))
                         for m in (2, 1))
-    assert priced2.communication["dp all-reduce"] == pytest.approx(2 * priced1.communication["dp all-reduce"])
+    assert priced1.communication["dp all-reduce"] > 0
+    assert priced2.communication["dp all-reduce"] == pytest.approx(priced1.communication["dp all-reduce"])
 
 
 def test_cpu_devices_share_one_memory_system_and_sync_one_array_at_a_time():

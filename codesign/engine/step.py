@@ -13,7 +13,7 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 import optax
-from jax.sharding import NamedSharding
+from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from codesign.engine import programs
@@ -57,10 +57,14 @@ def loss_fn(job: Job, groups: tuple[tuple[int, ...], ...], remat: bool) -> Calla
     return loss
 
 
-def accumulate(loss: Callable, grad_shardings: Any = None) -> Callable:
+def accumulate(loss: Callable, grad_shardings: Any = None, per_shard: tuple[Mesh, str, dict] | None = None) -> Callable:
     """Loss and gradients averaged over micro-batches (leading axis), one sync per step.
 
     With grad_shardings (ZeRO-2), each micro-batch's gradients are reduce-scattered into them.
+    With per_shard (mesh, batch axis, parameter shardings), the scan keeps each batch shard's
+    gradients apart, on its own devices, and reduces them once after it: left to place the
+    reduction, XLA:CPU all-reduced inside the loop, once per pair of micro-batches it unrolls
+    (dp 2, 8 micro-batches: 30.1 -> 9.7 ms a step; dp 8: 124 -> 62 ms).
     """
 
     def place(grads):
@@ -70,6 +74,8 @@ def accumulate(loss: Callable, grad_shardings: Any = None) -> Callable:
         if xs.shape[0] == 1:
             value, grads = jax.value_and_grad(loss)(params, xs[0], ys[0])
             return value, place(grads)
+        if per_shard is not None:
+            return _deferred(loss, per_shard, params, xs, ys, place)
 
         def body(acc, batch):
             value, grads = jax.value_and_grad(loss)(params, *batch)
@@ -83,6 +89,33 @@ def accumulate(loss: Callable, grad_shardings: Any = None) -> Callable:
     return value_and_grad
 
 
+def _deferred(loss: Callable, per_shard: tuple[Mesh, str, dict], params, xs, ys, place: Callable):
+    """The scan over micro-batches with each batch shard's loss and gradients kept on a leading
+    axis sharded over the batch's mesh axis (no communication inside the loop), summed once."""
+    mesh, axis, shardings = per_shard
+    shards = mesh.shape[axis]
+
+    def split(a):  # (batch, ...) -> (shards, batch / shards, ...), the shard axis where the batch was
+        a = a.reshape(shards, a.shape[0] // shards, *a.shape[1:])
+        return jax.lax.with_sharding_constraint(a, NamedSharding(mesh, P(axis)))
+
+    def stacked(tree):
+        return jax.lax.with_sharding_constraint(
+            tree, jax.tree.map(lambda s: NamedSharding(mesh, P(axis, *s.spec)), shardings))
+
+    per = jax.vmap(jax.value_and_grad(loss), in_axes=(None, 0, 0))
+
+    def body(acc, batch):
+        values, grads = per(params, *map(split, batch))
+        return jax.tree.map(jnp.add, acc, (values, stacked(grads))), None
+
+    zeros = (jnp.zeros((shards,), jnp.float32),
+             stacked(jax.tree.map(lambda p: jnp.zeros((shards, *p.shape), p.dtype), params)))
+    (values, grads), _ = jax.lax.scan(body, zeros, (xs, ys))
+    n = xs.shape[0] * shards
+    return jnp.sum(values) / n, place(jax.tree.map(lambda g: jnp.sum(g, axis=0) / n, grads))
+
+
 def build_single_stage(job: Job, plan: Plan) -> SingleStage:
     """Shard parameters by the plan's rules, then lower and compile the step on abstract
     arrays: a plan that cannot fit fails before anything is allocated on the devices."""
@@ -93,8 +126,8 @@ def build_single_stage(job: Job, plan: Plan) -> SingleStage:
     optimizer = optax.adam(job.training.learning_rate)
     opt_shardings = programs.optimizer_shardings(optimizer, abstract, grad_shardings, mesh)
     batch = programs.batch_sharding(mesh, plan, leading=1)
-    grad_fn = accumulate(loss_fn(job, stage.groups, plan.remat),
-                         grad_shardings if plan.reduce_scatter else None)
+    grad_fn = accumulate(loss_fn(job, stage.groups, plan.remat), grad_shardings if plan.reduce_scatter else None,
+                         deferred_sync(plan, mesh, shardings))
 
     def step(params, opt_state, xs, ys):
         loss, grads = grad_fn(params, xs, ys)
@@ -115,6 +148,11 @@ def build_single_stage(job: Job, plan: Plan) -> SingleStage:
     x, y = programs.synthetic_batch(job, plan.num_micro_batches, batch, batch)
     return SingleStage(compiled, jax.jit(grad_fn), (params, opt_state), x, y, compile_time, memory,
                        (programs.describe_shardings(shardings, grad_shardings),))
+
+
+def deferred_sync(plan: Plan, mesh: Mesh, shardings: dict) -> tuple[Mesh, str, dict] | None:
+    """accumulate's per_shard where the plan reduces its gradients once per step (Plan.syncs_once)."""
+    return (mesh, plan.batch_axis, shardings) if plan.syncs_once(1) and mesh.shape[plan.batch_axis] > 1 else None
 
 
 def _placed(shapes: Any, shardings: Any) -> Any:

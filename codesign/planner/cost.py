@@ -298,11 +298,10 @@ def stage_params(w: Workload, layers: Sequence[int], op: int) -> float:
 
 
 def gradient_sync(w: Workload, layers: Sequence[int], mesh: Submesh, zero: bool, busy: int) -> tuple[str, float]:
-    """The gradient collective each micro-batch's backward ends with, over dp (or over op when the
-    batch is on op). The compiled pp = 1 step of a dp = 2, 2 micro-batch job shows it: one
-    all-reduce of all the gradients (XLA's combiner makes it a single tuple all-reduce) inside
-    the accumulation loop, so once per micro-batch, not once per step. Under ZeRO-2 a GPU
-    reduce-scatters; XLA:CPU all-reduces there too and each device keeps its shard. XLA:CPU also
+    """The gradient collective over dp (or over op when the batch is on op): once per step where
+    the plan syncs once (Plan.syncs_once), else at the end of each micro-batch's backward (one
+    all-reduce of all the gradients: XLA's combiner makes it a single tuple all-reduce). Under
+    ZeRO-2 a GPU reduce-scatters; XLA:CPU all-reduces there too and each device keeps its shard. XLA:CPU also
     copies (and transposes) the gradients around its all-reduce: profile.sync_traffic of them
     through the memory system every busy device shares."""
     nbytes = stage_params(w, layers, mesh.op) * PARAM_BYTES
@@ -443,11 +442,14 @@ def stage_cost(w: Workload, stage: StagePlan, index: int, plan: Plan, busy: int,
     if pp > 1 and index > 0:  # the inputs it holds for each in-flight micro-batch
         held = in_flight * w.micro_batch / mesh.batch_shards * w.activation_bytes * _carry_in(w.model, stage.layers[0])
         memory = Memory(memory.params, memory.grads, memory.adam, memory.activations + held, memory.workspace)
+    once = plan.syncs_once(pp)  # after the last micro-batch, else in each one's backward
     communication = {k: micro * v for k, v in comm.items()}
-    communication[sync_kind] = communication.get(sync_kind, 0.0) + micro * sync
+    communication[sync_kind] = communication.get(sync_kind, 0.0) + (1 if once else micro) * sync
     if gather:
         communication["dp all-gather (ZeRO-2)"] = gather
     accumulate = accumulate_time(memory.grads, w.profile, w.profile.memory_share(busy), micro)
+    if once:
+        return StageCost(fwd, bwd + accumulate, update + sync, communication, memory)
     return StageCost(fwd, bwd + sync + accumulate, update, communication, memory)
 
 

@@ -55,6 +55,14 @@ class Plan:
         """Logical axis -> mesh axis: batch on its axis, MLP hidden dims split over op."""
         return (("batch", self.batch_axis), ("mlp", "op"))
 
+    def syncs_once(self, pp: int) -> bool:
+        """Whether a pp-stage plan reduces its gradients once per step, after its micro-batches
+        (engine.step.accumulate keeps each batch shard's gradients apart until then): a single
+        stage with the batch on dp, no parameter sharded there, and not ZeRO-2, whose
+        reduce-scatter per micro-batch keeps only a shard of the gradients. Pipeline stages reduce
+        in each micro-batch's backward."""
+        return pp == 1 and self.batch_axis == "dp" and not self.reduce_scatter
+
     def describe(self, shardings: tuple[dict[str, Any], ...] = ()) -> dict[str, Any]:
         """all_configs["plan"]: concrete devices, layers and (once built) shardings of every stage."""
         stages = [s.describe() for s in self.stages]
