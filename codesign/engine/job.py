@@ -73,7 +73,7 @@ def run_step(training: programs.Training, losses: list[float], times: list[float
 def more_steps(times: list[float], min_seconds: float) -> int:
     """Steps still to run for the timed ones to add up to min_seconds; every process of a
     multi-host job runs process 0's count (each step is a collective program)."""
-    if min_seconds <= 0:  # the same in every process: a config's
+    if min_seconds <= 0:  # every process reads it from the same config: none broadcasts
         return 0
     short = min_seconds - sum(times)
     count = math.ceil(short / float(np.median(times))) if short > 0 and times else 0

@@ -75,7 +75,7 @@ def accumulate(loss: Callable, grad_shardings: Any = None, per_shard: tuple[Mesh
             value, grads = jax.value_and_grad(loss)(params, xs[0], ys[0])
             return value, place(grads)
         if per_shard is not None:
-            return _deferred(loss, per_shard, params, xs, ys, place)
+            return _deferred(loss, per_shard, params, xs, ys)
 
         def body(acc, batch):
             value, grads = jax.value_and_grad(loss)(params, *batch)
@@ -89,7 +89,7 @@ def accumulate(loss: Callable, grad_shardings: Any = None, per_shard: tuple[Mesh
     return value_and_grad
 
 
-def _deferred(loss: Callable, per_shard: tuple[Mesh, str, dict], params, xs, ys, place: Callable):
+def _deferred(loss: Callable, per_shard: tuple[Mesh, str, dict], params, xs, ys):
     """The scan over micro-batches with each batch shard's loss and gradients kept on a leading
     axis sharded over the batch's mesh axis (no communication inside the loop), summed once."""
     mesh, axis, shardings = per_shard
@@ -113,7 +113,7 @@ def _deferred(loss: Callable, per_shard: tuple[Mesh, str, dict], params, xs, ys,
              stacked(jax.tree.map(lambda p: jnp.zeros((shards, *p.shape), p.dtype), params)))
     (values, grads), _ = jax.lax.scan(body, zeros, (xs, ys))
     n = xs.shape[0] * shards
-    return jnp.sum(values) / n, place(jax.tree.map(lambda g: jnp.sum(g, axis=0) / n, grads))
+    return jnp.sum(values) / n, jax.tree.map(lambda g: jnp.sum(g, axis=0) / n, grads)
 
 
 def build_single_stage(job: Job, plan: Plan) -> SingleStage:
