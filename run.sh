@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Run codesign and restart it when it exits abnormally (a crash, a killed orchestrator).
-# Every argument is passed on. A usage or config error (exit 2), a clean finish (0), Ctrl-C
-# (130) or SIGTERM (143) stops the loop; SIGINT and SIGTERM sent to this script are passed on
-# to codesign, which kills its running jobs and records them before it exits. At most
+# Every argument is passed on. A usage or config error (exit 2), a clean finish (0), a finished
+# sweep in which some jobs failed (3), Ctrl-C (130) or SIGTERM (143) stops the loop; SIGINT and
+# SIGTERM sent to this script are passed on to codesign, which kills its running jobs and
+# records them before it exits. At most
 # CODESIGN_MAX_RESTARTS restarts (default 5).
 set -u
 python=$(dirname "$0")/scripts/python.sh
@@ -27,7 +28,7 @@ while true; do
         exit $?
     fi
     case $code in
-        0 | 2 | 130 | 143) exit "$code" ;;
+        0 | 2 | 3 | 130 | 143) exit "$code" ;;
     esac
     if [ "$restarts" -ge "$max_restarts" ]; then
         echo "run.sh: codesign exited with $code; gave up after $restarts restarts" >&2

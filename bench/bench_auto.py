@@ -24,7 +24,7 @@ import tempfile
 from pathlib import Path
 
 from codesign.run.local import LocalExecutor
-from codesign.run.profiling import ensure_profiles
+from codesign.run.profiling import profiles_for
 from codesign.run.sweep import Pricing, run_sweep
 from codesign.spec.config import load_config
 from codesign.spec.hosts import Hosts
@@ -126,8 +126,10 @@ def main() -> None:
         planned = list(enumerate_jobs(config, Hosts.local(0)))
         store = Store(args.db or Path(tmp) / "results.db")
         load = os.getloadavg()[0]
-        book = ensure_profiles(store, planned)
-        run_sweep(planned, store, LocalExecutor(cache_dir=None), False, args.timeout, 1, Pricing(book, config.links))
+        profiles = profiles_for(Hosts.local(0), store)
+        run_sweep(planned, store, LocalExecutor(cache_dir=None), False, args.timeout, 1,
+                  Pricing(profiles, config.links))
+        book = profiles.book
         rows = store.attempts()
         store.close()
     searches = [json.loads(r["all_configs"])["auto_search"]["search_seconds"] for r in rows

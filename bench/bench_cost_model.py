@@ -3,10 +3,11 @@
 For every succeeded attempt with a prediction: |predicted_time - median| / median and
 |predicted_memory - max_memory| / max_memory, summarised (median and p90) over all attempts,
 by platform and by plan kind. With --repredict, the predictions are recomputed by the current
-cost model from each attempt's job and the DB's device profiles (to try a model change on
-measurements already made).
+cost model from each attempt's plan and the profiles at hand (built-in, this machine's cached
+ones; --profile FILE: a profile JSON, as `codesign profile` prints it, for its device kind), to
+try a model or profile change on measurements already made.
 
-    python bench/bench_cost_model.py -d cost_cpu.db [--repredict]
+    python bench/bench_cost_model.py -d cost_cpu.db [--repredict [--profile cpu.json]]
 
 With --noise DB2 (the same jobs run again into another DB), it also prints how far the two
 runs' medians are apart, |median2 - median| / median, by plan kind: the measurement noise the
@@ -19,13 +20,15 @@ import argparse
 import json
 import sys
 from collections import defaultdict
+from pathlib import Path
 
 import numpy as np
 
 from codesign.outcome import SUCCEEDED
-from codesign.planner.cost import predict
-from codesign.run.profiling import load_book
-from codesign.spec.types import Job
+from codesign.planner.profiles import DeviceProfile
+from codesign.run.profiling import profiles_for
+from codesign.run.reprice import prediction
+from codesign.spec.hosts import Hosts
 from codesign.store.database import Store
 
 
@@ -48,10 +51,14 @@ def plan_kind(row: dict) -> str:
     return " ".join([kind, *marks, *["auto"] * bool(chosen)])
 
 
-def repredict(store: Store, rows: list[dict]) -> list[dict]:
+def repredict(store: Store, rows: list[dict], profile: str | None = None) -> list[dict]:
     """The rows with predicted_time and predicted_memory from the current cost model."""
-    book = load_book(store)
-    return [{**r, **predict(Job.from_dict(json.loads(r["all_configs"])), book)} for r in rows]
+    book = profiles_for(Hosts.local(0), store).book
+    if profile:
+        measured = DeviceProfile.from_dict(json.loads(Path(profile).read_text()))
+        book.add(measured)
+        book.local[measured.platform] = measured.kind
+    return [{**r, **prediction(r, book)[0]} for r in rows]
 
 
 def succeeded(db: str) -> list[dict]:
@@ -70,12 +77,13 @@ def noise(db: str, again: str) -> list[dict]:
             for r in succeeded(again) if r["job_key"] in first]
 
 
-def errors(db: str, fresh: bool = False) -> list[dict]:
+def errors(db: str, fresh: bool = False, profile: str | None = None) -> list[dict]:
     """One dict per succeeded attempt with a prediction: platform, kind, time and memory errors."""
     store = Store(db, read_only=True)
     try:
         rows = store.attempts((SUCCEEDED,))
-        rows = repredict(store, rows) if fresh else [r for r in rows if r["predicted_time"] is not None]
+        rows = repredict(store, rows, profile) if fresh else rows
+        rows = [r for r in rows if r.get("predicted_time") is not None]
     finally:
         store.close()
     return [{"platform": r["platform"], "kind": plan_kind(r),
@@ -93,10 +101,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("-d", "--db", default="results.db")
     parser.add_argument("--repredict", action="store_true", help="Predict again with the current cost model.")
+    parser.add_argument("--profile", metavar="FILE", help="With --repredict: price with this profile JSON.")
     parser.add_argument("-v", "--verbose", action="store_true", help="Also print every attempt's errors.")
     parser.add_argument("--noise", metavar="DB2", help="The same jobs run again: print the run-to-run differences.")
     args = parser.parse_args()
-    found = errors(args.db, args.repredict)
+    found = errors(args.db, args.repredict, args.profile)
     if args.verbose:
         for e in found:
             print(f"{e['kind']:30} time {e['time']:7.1%}  memory {e['memory']:7.1%}")

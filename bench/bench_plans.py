@@ -17,10 +17,11 @@ import logging
 from pathlib import Path
 
 from codesign.outcome import SUCCEEDED, Outcome
+from codesign.run.discovery import local_gpu_count
 from codesign.run.local import LocalExecutor
 from codesign.run.sweep import invalid_outcome
 from codesign.spec.config import load_config
-from codesign.spec.hosts import Hosts, local_gpu_count
+from codesign.spec.hosts import Hosts
 from codesign.spec.jobs import enumerate_jobs
 from codesign.spec.types import SCHEDULES, Job
 

@@ -1,3 +1,5 @@
 """codesign: co-design a ZHEN recommendation model with its distributed training plan."""
 
-__version__ = "0.1.0"
+from importlib import metadata
+
+__version__ = metadata.version("codesign")  # pyproject.toml's: bumped with every change that changes results

@@ -1,14 +1,18 @@
-"""`python -m tests.fault_cli ARGS`: the codesign command line whose jobs run `tests.fault_jobs`.
+"""`python -m tests.fault_cli ARGS`: the codesign command line whose jobs run `tests.fault_jobs`
+and whose device profile is `tests.fault_profile`.
 
 The same process as `python -m codesign` (config, store, sweep, signals, exit codes); only the
-job body is the fake one, so fault trials cost a fraction of a second per job.
+job body and the profiler are fake ones, so fault trials cost a fraction of a second per job.
 """
 
 import sys
 
 from codesign import cli
+from codesign.run import profiling
 from codesign.run.local import LocalExecutor
 
 if __name__ == "__main__":
-    cli._executor = lambda db, address: LocalExecutor(job_module="tests.fault_jobs")
+    cli._executor = lambda db, address, hosts, args: LocalExecutor(
+        job_module="tests.fault_jobs", cpu_slots=args.max_concurrent or 1, stream=args.verbose)
+    profiling.PROFILE_MODULE = "tests.fault_profile"
     sys.exit(cli.main())

@@ -26,6 +26,7 @@ def note(line: str) -> None:
 def main(job_path: str, outcome_path: str) -> None:
     with open(job_path) as f:
         behaviour = json.load(f)["parallel"]["description"]
+    print(f"fault job: {behaviour}", flush=True)  # what its log shows
     if behaviour == "hang":
         # a grandchild in the same process group must die with the job
         child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
@@ -44,10 +45,10 @@ def main(job_path: str, outcome_path: str) -> None:
         subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
         time.sleep(float(behaviour.split()[1]))
     elif behaviour.startswith("sleep"):
-        # record when it ran, so a test can see jobs overlap
+        # record when it ran and which GPUs it saw, so a test can see jobs overlap on disjoint GPUs
         start = time.time()
         time.sleep(1.5)
-        note(f"{start} {time.time()}")
+        note(f"{start} {time.time()} {os.environ.get('CUDA_VISIBLE_DEVICES', '-')}")
     elif behaviour == "crash":
         print("about to crash", flush=True)
         raise RuntimeError("the job body crashed")

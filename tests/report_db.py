@@ -10,7 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from codesign.outcome import SIMULATED, Outcome
-from codesign.planner.plan import plan_from_stages
+from codesign.planner.columns import plan_columns
+from codesign.planner.plan import Plan, plan_from_stages
 from codesign.spec.jobs import job_key
 from codesign.spec.types import (
     AUTO_SEARCH,
@@ -45,9 +46,12 @@ def measured(avg: float, job_: Job, **extra) -> dict:
 
 
 def record(store: Store, job_: Job, outcome: Outcome) -> int:
+    """As the sweep records it: a chosen plan also fills the manual spec's columns."""
     attempt = store.claim(job_key(job_), job_, retry_failed=True)
     assert attempt is not None
-    assert store.finish(attempt, outcome)
+    chosen = plan_columns(Plan.from_dict(outcome.chosen_plan), job_.cluster.num_devices_per_host) \
+        if outcome.chosen_plan else None
+    assert store.finish(attempt, outcome, chosen)
     return attempt
 
 

@@ -13,6 +13,7 @@ from codesign.planner.plan import Plan
 from codesign.planner.profiles import ProfileBook
 from codesign.report.frame import attempts_frame
 from codesign.run.local import LocalExecutor
+from codesign.run.profiling import Profiles
 from codesign.run.sweep import Pricing, run_sweep
 from codesign.spec.config import load_config
 from codesign.spec.hosts import Hosts
@@ -128,7 +129,7 @@ def test_when_no_plan_fits_the_job_is_oom_with_the_reason_and_never_starts(tmp_p
         choose_plan(planned[0].job, book)
     reason = str(err.value)
     store = Store(tmp_path / "r.db")
-    summary = run_sweep(planned, store, LocalExecutor(), False, 60, pricing=Pricing(book))
+    summary = run_sweep(planned, store, LocalExecutor(), False, 60, pricing=Pricing(Profiles(book)))
     (row,) = store.attempts()
     assert dict(summary.statuses) == {"oom": 1}
     assert (row["status"], row["error"], row["job_duration"], row["avg"]) == ("oom", reason, 0.0, None)

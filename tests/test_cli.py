@@ -1,5 +1,6 @@
 """The command line as users run it: dry run, the default command, reruns, exports, run.sh."""
 
+import io
 import os
 import shutil
 import stat
@@ -10,6 +11,7 @@ import time
 import pandas as pd
 import pytest
 
+import codesign
 from codesign.outcome import Outcome
 from codesign.report import fmt
 from codesign.spec.config import DEFAULT_CONFIG, load_config
@@ -153,10 +155,15 @@ def test_retry_failed_reruns_only_the_failed(tmp_path):
 def test_a_job_past_its_timeout_is_killed_and_the_next_runs(tmp_path):
     (tmp_path / "c.toml").write_text(SMALL_CONFIG.replace("[1, 3]", "[1, 2]"))
     proc = run_cli("-c", "c.toml", "--manual-job-timeout", "0.5", cwd=tmp_path)
-    assert proc.returncode == 0
+    assert proc.returncode == 3  # the sweep finished; some jobs did not
     attempts = db_rows(tmp_path / "results.db")
     assert [r["status"] for r in attempts] == ["timeout", "timeout"]
     assert all(0.5 <= r["job_duration"] < 10 for r in attempts)
+    for r in attempts:  # the log is kept beside the DB, and its tail is on the attempt
+        log = tmp_path / "logs" / r["job_key"] / f"{r['id']}.log"
+        assert r["log_path"] == str(log) and log.exists()
+        assert r["error"].startswith("killed after the 0.5 s timeout; its last output:\n")
+        assert r["error"].endswith(log.read_text()[-100:])
 
 
 def fake_python(tmp_path, code: int):
@@ -166,7 +173,7 @@ def fake_python(tmp_path, code: int):
     return str(script)
 
 
-@pytest.mark.parametrize("code, calls", [(1, 3), (2, 1), (0, 1)])
+@pytest.mark.parametrize("code, calls", [(1, 3), (2, 1), (0, 1), (3, 1)])
 def test_run_sh_restarts_abnormal_exits_only(tmp_path, code, calls):
     env = {**os.environ, "CODESIGN_PYTHON": fake_python(tmp_path, code), "CODESIGN_MAX_RESTARTS": "2",
            "CODESIGN_RESTART_DELAY": "0"}
@@ -227,3 +234,75 @@ def test_no_warning_where_nvidia_smi_lists_no_gpu(tmp_path):
     proc = run_cli("-D", "-c", "c.toml", cwd=tmp_path, env=fake_nvidia_smi(tmp_path, "No devices were found\\n"))
     assert proc.returncode == 0 and "NVIDIA" not in proc.stderr
     assert "2 jobs: 2 run" in proc.stdout  # auto: virtual CPU devices
+
+
+def test_plan_and_the_sweep_price_every_job_of_the_default_config_alike(default_sweep):
+    """`codesign plan` resolves platforms ("auto": virtual CPU devices on this machine) and
+    profiles exactly as the sweep does: the same predicted_time for every job."""
+    from codesign.run.profiling import profiles_for
+    from codesign.run.sweep import Pricing
+
+    cwd, _, _ = default_sweep
+    proc = run_cli("plan", "--format", "csv", cwd=cwd)
+    assert proc.returncode == 0, proc.stderr
+    planned = {}
+    for row in pd.read_csv(io.StringIO(proc.stdout)).itertuples():
+        for name in str(row.manual).split("; ") if isinstance(row.manual, str) else ():
+            planned[(row.model, row.cluster, row.micro_batches, name)] = row.time_ms / 1e3
+    pricing = Pricing(profiles_for(Hosts.local(0)))
+    jobs = [p.job for p in enumerate_jobs(load_config(DEFAULT_CONFIG), Hosts.local(0))]
+    swept = {(j.model.summary(), j.cluster.summary(), j.num_micro_batches, j.parallel.description):
+             pricing.prepare(j).prediction.get("predicted_time") for j in jobs}
+    assert len(swept) == 14 and all(swept.values())
+    assert planned.keys() == swept.keys()
+    for key, seconds in swept.items():
+        assert planned[key] == pytest.approx(seconds, rel=1e-9), key
+    recorded = [r for r in db_rows(cwd / "results.db") if r["status"] == "succeeded"]
+    assert len(recorded) == 2
+    for r in recorded:  # what the sweep recorded is what it priced
+        key = next(k for k, j in zip(swept, jobs) if j.model.num_zhen_layers == r["num_zhen_layers"]
+                   and j.cluster.num_devices == r["gpus_per_node"] and j.num_micro_batches == r["num_micro_batches"]
+                   and j.parallel.description == r["description"])
+        assert r["predicted_time"] == pytest.approx(swept[key], rel=1e-9)
+
+
+def test_help_lists_the_commands_each_with_its_own_help_and_the_version(tmp_path):
+    top = run_cli("--help", cwd=tmp_path)
+    assert top.returncode == 0
+    for command in ("run", "plan", "profile", "reprice", "report", "export", "search"):
+        assert f"    {command} " in top.stdout, command
+    run_help = run_cli("run", "--help", cwd=tmp_path).stdout
+    assert "--manual-job-timeout" in run_help and "--max-layers" not in run_help
+    assert "--max-layers" in run_cli("search", "--help", cwd=tmp_path).stdout
+    assert "--max-layers" not in run_cli("--help", cwd=tmp_path).stdout
+    version = run_cli("--version", cwd=tmp_path)
+    assert version.returncode == 0 and version.stdout.strip() == f"codesign {codesign.__version__}"
+    assert codesign.__version__ != "0.1.0"
+    missing = run_cli("-v", "report", "-d", "missing.db", cwd=tmp_path)  # a global flag before the command
+    assert missing.returncode == 2 and "missing.db" in missing.stderr and "usage:" not in missing.stderr
+
+
+def test_the_earlier_toolkits_command_lines_still_work(tmp_path):
+    old = run_cli("--search-model", "--seed", "1", "--max-similar", "3", "--max-per-depth", "1", cwd=tmp_path)
+    new = run_cli("search", "--seed", "1", "--max-similar", "3", "--max-per-depth", "1", cwd=tmp_path)
+    assert old.returncode == new.returncode == 0 and old.stdout == new.stdout and "[[model]]" in old.stdout
+    (tmp_path / "c.toml").write_text(SMALL_CONFIG)
+    old = run_cli("-D", "-c", "c.toml", cwd=tmp_path)
+    new = run_cli("run", "--dry-run", "--config", "c.toml", cwd=tmp_path)
+    assert old.returncode == new.returncode == 0 and old.stdout == new.stdout and "2 jobs: 2 run" in old.stdout
+
+
+@pytest.mark.parametrize("value", ["0", "-5", "nan", "inf", "soon"])
+def test_a_timeout_must_be_a_positive_number_of_seconds(tmp_path, value):
+    (tmp_path / "c.toml").write_text(SMALL_CONFIG)
+    proc = run_cli("-c", "c.toml", "--manual-job-timeout", value, cwd=tmp_path)
+    assert proc.returncode == 2
+    assert f"--manual-job-timeout: expected a positive number of seconds, got '{value}'" in proc.stderr
+    assert sorted(os.listdir(tmp_path)) == ["c.toml"]
+
+
+def test_no_progress_bar_where_stderr_is_not_a_terminal(tmp_path):
+    (tmp_path / "c.toml").write_text(SMALL_CONFIG.replace("[1, 3]", "[3]"))
+    proc = run_cli("-c", "c.toml", cwd=tmp_path)
+    assert proc.returncode == 0 and "attempted: 1 invalid" in proc.stderr
+    assert "jobs:" not in proc.stderr and "job/s" not in proc.stderr

@@ -3,6 +3,7 @@ import pytest
 from codesign.errors import ConfigError
 from codesign.spec.config import DEFAULT_CONFIG, RaySettings, load_config
 from codesign.spec.types import AUTO_SEARCH
+from tests.conftest import SHARED_FIXTURES, USER_CONFIGS
 from tests.conftest import SMALL_CONFIG as BASE
 
 
@@ -25,6 +26,15 @@ def test_user_fixtures_load_unchanged(fixture_config):
     assert len(uniform.models) == 37
     assert uniform.models[1].tokens == (("DOT",) * 4, ("DOT",) * 6, ("DOT",) * 2)
     assert uniform.models[0].tokens == (("ATTENTION", "LINEAR", "ATTENTION", "DOT"),) * 4
+
+
+@pytest.mark.parametrize("name", ["config.toml", "uniform_model.toml"])
+def test_the_users_configs_in_tests_data_are_the_shared_fixtures(name):
+    """tests/data keeps the users' configs so the suite is self-contained; where the shared
+    fixtures are beside the checkout, the copies must be theirs, byte for byte."""
+    if not (SHARED_FIXTURES / name).exists():
+        pytest.skip(f"the shared fixtures are not beside this checkout ({SHARED_FIXTURES} is absent)")
+    assert (USER_CONFIGS / name).read_bytes() == (SHARED_FIXTURES / name).read_bytes()
 
 
 def test_default_config_runs_anywhere():

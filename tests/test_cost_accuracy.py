@@ -1,5 +1,5 @@
 """The cost model against real CPU runs: a sweep records predictions beside measurements and
-the errors stay bounded; a sweep measures each platform's profile once and reuses it.
+the errors stay bounded.
 
 The bound is loose (50% median error) so that a loaded CI machine does not flake it; it
 catches a broken model (a unit slip, a missing term) rather than grading a good one.
@@ -9,13 +9,6 @@ import importlib.util
 import json
 import sqlite3
 
-import pytest
-
-from codesign.planner.profiles import BUILTIN
-from codesign.run import profiling
-from codesign.spec.jobs import PlannedJob
-from codesign.spec.types import ClusterSpec, Job, ModelSpec, ParallelSpec, TrainingSpec
-from codesign.store.database import Store
 from tests.conftest import REPO, run_cli
 
 CONFIG = """
@@ -92,34 +85,6 @@ def test_a_cpu_sweep_is_predicted_within_bounds(tmp_path):
           f"p90 {found['time_p90']:.1%}; memory median {found['memory_median']:.1%} p90 {found['memory_p90']:.1%}")
     assert found["n"] == 5
     assert found["time_median"] <= 0.5 and found["memory_median"] <= 0.5
-
-
-def test_a_sweep_measures_each_platform_once_and_reuses_the_profile(tmp_path, monkeypatch):
-    measured = []
-
-    def measure(platform):
-        measured.append(platform)
-        return BUILTIN["cpu"]
-
-    monkeypatch.setattr(profiling, "measure", measure)
-    monkeypatch.delenv("CODESIGN_PROFILE", raising=False)
-    cpu = Job(ModelSpec(4, 2, 1, 1, (("LINEAR",),)), ClusterSpec(1, 2, "NVLink", "cpu"), TrainingSpec(2, 2),
-              ParallelSpec("dp", (1,), 1, False, (1, 2, 1)), 1, "cpu")
-    sim = Job(cpu.model, ClusterSpec(1, 2, "NVLink", "sim", "H100"), cpu.training, cpu.parallel, 1, "sim")
-    planned = [PlannedJob(cpu), PlannedJob(cpu), PlannedJob(sim)]
-    store = Store(tmp_path / "r.db")
-    book = profiling.ensure_profiles(store, planned)
-    assert measured == ["cpu"] and book.for_job(cpu).kind == "cpu" and book.for_job(sim).kind == "H100"
-    profiling.ensure_profiles(store, planned)
-    assert measured == ["cpu"]  # kept in the DB under this kind and these library versions
-
-
-def test_jobs_that_will_not_run_are_not_profiled_for(tmp_path, monkeypatch):
-    monkeypatch.setattr(profiling, "measure", lambda platform: pytest.fail("measured"))
-    monkeypatch.delenv("CODESIGN_PROFILE", raising=False)
-    gpu = Job(ModelSpec(4, 2, 1, 1, (("LINEAR",),)), ClusterSpec(2, 1, "EFAx4", "gpu"), TrainingSpec(2, 2),
-              ParallelSpec("dp", (1,), 1, False, (1, 2, 1)), 1, "gpu")
-    profiling.ensure_profiles(Store(tmp_path / "r.db"), [PlannedJob(gpu, "needs 2 GPU hosts")])
 
 
 def test_the_bench_names_auto_search_attempts_by_the_plan_they_ran():

@@ -1,6 +1,7 @@
 """Jobs that hang, crash and segfault really do so; the sweep records them and goes on."""
 
 import dataclasses
+import json
 import time
 from types import SimpleNamespace
 
@@ -8,6 +9,8 @@ import psutil
 
 from codesign.run.local import LocalExecutor
 from codesign.run.sweep import run_sweep
+from codesign.spec.jobs import PlannedJob
+from codesign.spec.types import ClusterSpec
 from codesign.store.database import Store
 from tests.conftest import REPO
 from tests.fault_trials import fault_job
@@ -56,18 +59,60 @@ def test_max_concurrent_runs_local_jobs_at_once(tmp_path, monkeypatch):
     monkeypatch.setenv("PYTHONPATH", str(REPO))
     store = Store(tmp_path / "r.db")
     summary = run_sweep([fault_job(f"sleep{i}") for i in range(2)], store,
-                        LocalExecutor(job_module="tests.fault_jobs"), retry_failed=False,
+                        LocalExecutor(job_module="tests.fault_jobs", cpu_slots=2), retry_failed=False,
                         manual_timeout=60, max_concurrent=2)
     assert summary.statuses == {"succeeded": 2}
     (a_start, a_end), (b_start, b_end) = sorted(
-        tuple(map(float, line.split())) for line in (tmp_path / "spans").read_text().splitlines())
+        tuple(map(float, line.split()[:2])) for line in (tmp_path / "spans").read_text().splitlines())
     assert b_start < a_end
 
 
-def test_a_gpu_job_runs_alone_on_this_machine():
+def gpu_job(behaviour: str, gpus: int) -> PlannedJob:
+    job = fault_job(behaviour).job
+    parallel = dataclasses.replace(job.parallel, pp_dp_op=(1, gpus, 1))
+    return PlannedJob(dataclasses.replace(job, cluster=ClusterSpec(1, gpus, "NVLink", "gpu"), parallel=parallel,
+                                          platform="gpu"))
+
+
+def test_gpu_jobs_share_a_host_on_disjoint_gpus_each_seeing_only_its_own(tmp_path, monkeypatch):
+    """A host of 4 GPUs (their count faked; the fake job body only reads CUDA_VISIBLE_DEVICES):
+    jobs of 1, 2 and 1 GPUs run side by side, then a 4-GPU job alone."""
+    monkeypatch.setenv("FAULT_PIDS", str(tmp_path / "spans"))
+    monkeypatch.setenv("PYTHONPATH", str(REPO))
+    store = Store(tmp_path / "r.db")
+    jobs = [gpu_job("sleep a", 1), gpu_job("sleep b", 2), gpu_job("sleep c", 1), gpu_job("sleep d", 4)]
+    summary = run_sweep(jobs, store, LocalExecutor(job_module="tests.fault_jobs", gpus=range(4)),
+                        retry_failed=False, manual_timeout=60, max_concurrent=None)
+    assert summary.statuses == {"succeeded": 4}
+    spans = [line.split() for line in (tmp_path / "spans").read_text().splitlines()]
+    seen = {frozenset(map(int, s[2].split(","))): (float(s[0]), float(s[1])) for s in spans}
+    assert set(seen) == {frozenset({0}), frozenset({1, 2}), frozenset({3}), frozenset({0, 1, 2, 3})}
+    first_three = [seen[frozenset(g)] for g in ({0}, {1, 2}, {3})]
+    assert max(start for start, _ in first_three) < min(end for _, end in first_three)  # side by side
+    assert seen[frozenset({0, 1, 2, 3})][0] >= max(end for _, end in first_three) - 0.1  # then alone
+    rows = store.attempts()
+    assert [json.loads(r["gpu_ids"]) for r in rows] == [[0], [1, 2], [3], [0, 1, 2, 3]]
+    assert [r["jobs_beside"] for r in rows] == [2, 2, 2, 0]
+
+
+def test_max_concurrent_1_keeps_gpu_jobs_exclusive(tmp_path, monkeypatch):
+    monkeypatch.setenv("FAULT_PIDS", str(tmp_path / "spans"))
+    monkeypatch.setenv("PYTHONPATH", str(REPO))
+    store = Store(tmp_path / "r.db")
+    run_sweep([gpu_job("sleep a", 1), gpu_job("sleep b", 1)], store,
+              LocalExecutor(job_module="tests.fault_jobs", gpus=range(8)), False, 60, max_concurrent=1)
+    (a_start, a_end, a_gpus), (b_start, b_end, b_gpus) = sorted(
+        line.split() for line in (tmp_path / "spans").read_text().splitlines())
+    assert float(b_start) >= float(a_end) and a_gpus == b_gpus == "0"
+    assert [r["jobs_beside"] for r in store.attempts()] == [0, 0]
+
+
+def test_gpu_and_cpu_jobs_do_not_mix_and_unknown_gpus_are_held_whole():
     executor, cpu = LocalExecutor(), fault_job("ok").job
     gpu = dataclasses.replace(cpu, platform="gpu")
-    running_cpu = [SimpleNamespace(job=cpu)]
-    assert executor.can_start(cpu, running_cpu) and executor.can_start(gpu, [])
-    assert not executor.can_start(gpu, running_cpu)
-    assert not executor.can_start(cpu, [SimpleNamespace(job=gpu)])
+    running_cpu = [SimpleNamespace(job=cpu, gpus=())]
+    assert executor.can_start(gpu, []) and not executor.can_start(gpu, running_cpu)
+    assert not executor.can_start(cpu, [SimpleNamespace(job=gpu, gpus=())])
+    assert not executor.can_start(gpu, [SimpleNamespace(job=gpu, gpus=())])  # GPUs not known by id
+    assert not executor.can_start(cpu, running_cpu)  # one CPU job at a time unless told otherwise
+    assert LocalExecutor(cpu_slots=2).can_start(cpu, running_cpu)

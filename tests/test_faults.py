@@ -233,3 +233,58 @@ def test_the_guard_kills_its_group_when_the_lifeline_closes(tmp_path, fault_env)
     os.close(lifeline)  # what the kernel does when the orchestrator dies
     assert guard.wait(timeout=30) == -signal.SIGKILL
     assert survivors(marker) == []
+
+
+def test_an_exception_while_pricing_a_job_fails_its_attempt_and_the_sweep_goes_on(tmp_path, fault_env, monkeypatch):
+    from codesign.run import sweep
+
+    real = sweep.predict
+
+    def predict(job, *args):
+        if job.parallel.description == "work 0.2":
+            raise ZeroDivisionError("a bug in the cost model")
+        return real(job, *args)
+
+    monkeypatch.setattr(sweep, "predict", predict)
+    store = Store(tmp_path / "r.db")
+    summary = run_sweep([fault_job("work 0.1"), fault_job("work 0.2"), fault_job("work 0.3")], store,
+                        LocalExecutor(job_module="tests.fault_jobs"), retry_failed=False, manual_timeout=60)
+    rows = store.attempts()
+    assert [r["status"] for r in rows] == ["succeeded", "failed", "succeeded"] and summary.failures == 1
+    assert rows[1]["error"].startswith("codesign failed while pricing the job:\nTraceback")
+    assert rows[1]["error"].rstrip().endswith("ZeroDivisionError: a bug in the cost model")
+    assert store.decide(rows[1]["job_key"], retry_failed=False).action == "skip"  # not retried as interrupted
+
+
+def test_an_exception_while_recording_an_outcome_fails_the_attempt_with_the_traceback(tmp_path, fault_env):
+    store = Store(tmp_path / "r.db")
+    item = fault_job("ok")
+    attempt = store.claim(item.key, item.job, retry_failed=False)
+    from codesign.run.sweep import Attempt, Sweep
+
+    sweep = Sweep([], store, LocalExecutor(), False, 60, 1)
+    sweep.record(Attempt(item, attempt, None), Outcome("succeeded", metrics={"avg": 0.5, "bogus": 1}))
+    (row,) = store.attempts()
+    assert row["status"] == "failed" and "recording the job's succeeded outcome" in row["error"]
+    assert "metrics with no column: bogus" in row["error"]
+
+
+def test_a_stop_signal_during_record_loses_no_finished_result(tmp_path, fault_env, monkeypatch):
+    """SIGTERM arrives while the first result is being written: it is recorded whole, the next
+    job is never started, and the sweep stops with the signal's exit code."""
+    from codesign.run.sweep import Stopped, signals_stop_the_sweep
+
+    store = Store(tmp_path / "r.db")
+    real = Store.finish
+
+    def finish(self, attempt_id, outcome, columns=None):
+        os.kill(os.getpid(), signal.SIGTERM)  # delivered now, in the middle of the write
+        time.sleep(0.2)
+        return real(self, attempt_id, outcome, columns)
+
+    monkeypatch.setattr(Store, "finish", finish)
+    with signals_stop_the_sweep() as stop, pytest.raises(Stopped) as stopped:
+        run_sweep([fault_job("work 0.1"), fault_job("work 0.1")], store, LocalExecutor(job_module="tests.fault_jobs"),
+                  retry_failed=False, manual_timeout=60, stop=stop)
+    assert stopped.value.exit_code == 128 + signal.SIGTERM
+    assert [r["status"] for r in store.attempts()] == ["succeeded"]

@@ -118,6 +118,7 @@ def test_a_release_db_is_re_keyed_and_keeps_its_skips(tmp_path):
 
 BENCH_SMOKE = {  # "{db}": a copy of the 0.1.0 results DB
     "bench_auto_search.py": ["--max-devices", "2", "--layers", "4", "--micro", "1"],
+    "bench_codesign.py": ["--part", "time"],
     "bench_cost_model.py": ["-d", "{db}", "--repredict", "--noise", "{db}"],
     "bench_plan.py": ["--repeat", "1"],
     "bench_dry_run.py": ["--jobs", "1000"],
@@ -143,3 +144,44 @@ def test_bench_scripts_run_with_their_smallest_arguments(script, tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert len(proc.stdout.strip().splitlines()) >= 2, proc.stdout
 
+
+
+def imported_modules(path: Path) -> set[str]:
+    """Top-level names of what a module imports (the module's own text, parsed)."""
+    import ast
+
+    tree = ast.parse(path.read_text())
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.add(node.module)
+    return found
+
+
+def test_the_store_speaks_only_specs_and_outcomes_and_specs_probe_nothing():
+    for path in (REPO / "codesign" / "store").glob("*.py"):
+        ours = {m for m in imported_modules(path) if m.startswith("codesign")}
+        assert all(m.split(".")[1] in ("spec", "outcome", "errors", "store") for m in ours), (path.name, ours)
+    for path in (REPO / "codesign" / "spec").glob("*.py"):
+        assert not imported_modules(path) & {"subprocess", "shutil", "ray", "jax"}, path.name  # discovery is run/'s
+    assert "scipy.optimize" in imported_modules(REPO / "codesign" / "planner" / "calibration.py")
+
+
+def test_the_dependencies_are_declared_as_imported():
+    """Every third-party module the package imports is a declared dependency (or an extra's),
+    and every declared dependency is imported somewhere."""
+    import tomllib
+    from importlib import metadata
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    declared = {spec.split(">")[0].split("[")[0].strip() for spec in project["dependencies"]}
+    extras = {spec.split(">")[0].split("[")[0].strip() for specs in project["optional-dependencies"].values()
+              for spec in specs}
+    top = {m.split(".")[0] for path in (REPO / "codesign").rglob("*.py") for m in imported_modules(path)}
+    third_party = {m for m in top if m != "codesign" and m not in sys.stdlib_module_names}
+    providers = metadata.packages_distributions()
+    used = {providers[m][0].lower() for m in third_party}
+    assert used - {d.lower() for d in declared | extras} == set()
+    assert {d.lower() for d in declared} - used == set()

@@ -11,7 +11,7 @@ from codesign.planner.plan import make_plan
 from codesign.planner.schedule import dispatch_order, max_in_flight, stage_order
 from codesign.spec.config import load_config
 from codesign.spec.types import ClusterSpec, Job, ModelSpec, ParallelSpec, TrainingSpec
-from tests.conftest import FAST_XLA, FIXTURES, run_on_devices
+from tests.conftest import FAST_XLA, USER_CONFIGS, run_on_devices
 from tests.reference import assert_matches
 
 TOKENS = (("ATTENTION", "LINEAR"), ("DOT",), ("CONVOLUTION", "LINEAR"), ("ATTENTION",),
@@ -52,7 +52,7 @@ def fixture_jobs(pipelines: bool):
     new programs: the counts between (the same code paths as the largest) cost CI two minutes.
     The [1, 64, 1] plan shrinks to [1, 16, 1] and so repeats the first plan."""
     seen = set()
-    for spec in load_config(FIXTURES / "config.toml").parallels:
+    for spec in load_config(USER_CONFIGS / "config.toml").parallels:
         if spec.is_auto or (spec.pp_dp_op[0] > 1) != pipelines:
             continue
         spec = shrink(spec, CLUSTER.num_devices)
@@ -100,7 +100,7 @@ def test_fixture_plans_match_single_device_reference(fixture_config, cache, pipe
 
 
 def fixture_job(index: int, micro: int = 1) -> Job:
-    spec = [p for p in load_config(FIXTURES / "config.toml").parallels if not p.is_auto][index]
+    spec = [p for p in load_config(USER_CONFIGS / "config.toml").parallels if not p.is_auto][index]
     return Job(MODEL, CLUSTER, TrainingSpec(1, 2), shrink(spec, 16), micro, "cpu")
 
 

@@ -13,6 +13,7 @@ from codesign.outcome import Outcome
 from codesign.spec.types import ClusterSpec, Job, ModelSpec, ParallelSpec, TrainingSpec
 from codesign.store.database import Store
 from codesign.store.export import export_csv
+from codesign.store.schema import MIGRATIONS
 from tests.conftest import REPO, db_rows, run_cli
 
 SIM_JOB = Job(ModelSpec(4, 2, 1, 1, (("LINEAR",),)), ClusterSpec(1, 8, "NVLink", "sim", "H100"),
@@ -136,10 +137,53 @@ def test_migration_allows_simulated_keeps_views_and_moves_xla_memory(tmp_path):
         store.conn.execute("UPDATE attempts SET status = 'bogus' WHERE id = ?", (attempt,))
 
 
-def test_profiles_are_kept_per_kind_and_versions(tmp_path):
+def test_a_db_keeps_one_copy_of_each_profile_by_id_and_its_v5_profiles_as_legacy(tmp_path):
+    db = tmp_path / "r.db"
+    conn = sqlite3.connect(db, isolation_level=None)
+    for migrate in MIGRATIONS[:6]:  # a DB of the previous release (schema 6), with a measured profile
+        migrate(conn)
+    conn.execute("PRAGMA user_version = 6")
+    conn.execute("INSERT INTO profiles (device_kind, versions, platform, profile, host, created_at) VALUES "
+                 "('cpu', '{}', 'cpu', '{\"kind\": \"cpu\", \"source\": \"measured\", \"n\": 0}', 'h', 0)")
+    conn.close()
+    store = Store(db)
+    legacy = [tuple(r) for r in store.conn.execute("SELECT profile_id, source FROM profiles")]
+    assert legacy == [("legacy-1", "measured")]
+    store.keep_profile("cpu@1", {"kind": "cpu", "platform": "cpu", "source": "measured", "n": 1})
+    store.keep_profile("cpu@1", {"kind": "cpu", "platform": "cpu", "source": "measured", "n": 2})  # kept once
+    store.keep_profile("H100@2", {"kind": "H100", "platform": "gpu", "source": "built-in", "n": 3})
+    assert [p["n"] for p in store.stored_profiles()] == [0, 1, 3]
+    assert [r[0] for r in store.conn.execute("SELECT profile_id FROM profiles ORDER BY created_at, rowid")] == [
+        "legacy-1", "cpu@1", "H100@2"]
+
+
+def test_a_simulated_row_is_priced_again_when_its_links_change_and_not_otherwise(tmp_path):
+    (tmp_path / "c.toml").write_text(SEED_SIM)
+    assert run_cli("-c", "c.toml", cwd=tmp_path).returncode == 0
+    first = {r["id"]: r for r in db_rows(tmp_path / "results.db")}
+    same = run_cli("-c", "c.toml", cwd=tmp_path)
+    assert "re-priced" not in same.stderr and {r["id"]: r for r in db_rows(tmp_path / "results.db")} == first
+    (tmp_path / "c.toml").write_text(SEED_SIM + "\n[links.EFAx4]\nbandwidth = 1e9\nlatency = 1e-3\n")
+    slow = run_cli("-c", "c.toml", cwd=tmp_path)
+    assert slow.returncode == 0 and "re-priced 5 simulated attempt(s)" in slow.stderr
+    after = db_rows(tmp_path / "results.db")
+    assert len(after) == len(first)
+    changed = [r for r in after if r["predicted_time"] != first[r["id"]]["predicted_time"]]
+    assert {r["num_nodes"] for r in changed} == {2, 8} and all(
+        r["predicted_time"] > first[r["id"]]["predicted_time"] for r in changed)
+    assert all(json.loads(r["all_configs"])["prediction"]["links"] for r in changed)
+
+
+def test_reprice_recomputes_recorded_predictions_with_the_profiles_at_hand(tmp_path):
     store = Store(tmp_path / "r.db")
-    store.save_profile("cpu", {"jax": "1"}, "cpu", {"kind": "cpu", "n": 1})
-    store.save_profile("cpu", {"jax": "2"}, "cpu", {"kind": "cpu", "n": 2})
-    store.save_profile("cpu", {"jax": "1"}, "cpu", {"kind": "cpu", "n": 3})
-    assert store.profile("cpu", {"jax": "1"})["n"] == 3 and store.profile("cpu", {"jax": "3"}) is None
-    assert store.latest_profiles() == {"cpu": {"kind": "cpu", "n": 3}}
+    attempt = store.claim("k", SIM_JOB, retry_failed=False)
+    store.finish(attempt, Outcome("simulated", metrics={"predicted_time": 123.0, "predicted_memory": 1}))
+    store.close()
+    proc = run_cli("reprice", "-d", "r.db", cwd=tmp_path)
+    assert proc.returncode == 0 and "re-priced 1 attempts of r.db" in proc.stderr
+    (row,) = db_rows(tmp_path / "r.db")
+    assert 0 < row["predicted_time"] < 1 and row["predicted_memory"] > 1
+    assert row["profile_id"].startswith("H100@") and row["cost_model"]
+    conn = sqlite3.connect(tmp_path / "r.db")
+    assert conn.execute("SELECT device_kind FROM profiles WHERE profile_id = ?", (row["profile_id"],)).fetchone() == (
+        "H100",)

@@ -255,3 +255,49 @@ def test_two_processes_opening_a_fresh_db_at_once_both_work(tmp_path):
         assert conn.execute("select count(*) from sqlite_master where name in ('attempts', 'results')"
                             ).fetchone()[0] == 2
         conn.close()
+
+
+def test_a_running_attempt_with_no_heartbeat_is_reaped_not_a_crash(tmp_path):
+    store = Store(tmp_path / "r.db")
+    attempt = store.claim("k", JOB, retry_failed=False)
+    store.conn.execute("UPDATE attempts SET heartbeat = NULL, host = 'elsewhere' WHERE id = ?", (attempt,))
+    assert store.reap_stale() == 1
+    assert store.attempts()[0]["status"] == "interrupted"
+
+
+@pytest.mark.parametrize("name", ["what?.db", "a#b.db", "100%.db", "two words.db"])
+def test_a_db_path_with_uri_characters_opens_read_only(tmp_path, name):
+    store = Store(tmp_path / name)
+    store.finish(store.claim("k", JOB, retry_failed=False), Outcome("failed", error="x"))
+    store.close()
+    reader = Store.open_if_exists(tmp_path / name)
+    assert [r["status"] for r in reader.attempts()] == ["failed"]
+    reader.close()
+
+
+def test_every_page_is_checked_only_after_a_crash_or_on_request(tmp_path, monkeypatch):
+    Store(tmp_path / "r.db").close()
+    seen = []
+    connect = sqlite3.connect
+
+    def traced(*args, **kwargs):
+        conn = connect(*args, **kwargs)
+        conn.set_trace_callback(seen.append)
+        return conn
+
+    monkeypatch.setattr("codesign.store.database.sqlite3.connect", traced)
+    Store(tmp_path / "r.db").close()
+    assert not any("quick_check" in s for s in seen)
+    Store(tmp_path / "r.db", check=True).close()
+    assert sum("quick_check" in s for s in seen) == 1
+    (tmp_path / "r.db-journal").write_bytes(b"")  # what a crash mid-transaction leaves
+    Store(tmp_path / "r.db").close()
+    assert sum("quick_check" in s for s in seen) == 2
+
+
+def test_a_metric_with_no_column_is_an_error_not_dropped(tmp_path):
+    store = Store(tmp_path / "r.db")
+    attempt = store.claim("k", JOB, retry_failed=False)
+    with pytest.raises(ValueError, match="metrics with no column: throughput_typo"):
+        store.finish(attempt, Outcome("succeeded", metrics={"avg": 1.0, "throughput_typo": 2.0}))
+    assert store.attempts()[0]["status"] == "running"

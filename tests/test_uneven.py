@@ -13,6 +13,8 @@ from codesign.errors import PlanError
 from codesign.planner.columns import plan_columns
 from codesign.planner.plan import Plan, make_plan, plan_from_stages
 from codesign.run.local import LocalExecutor
+from codesign.run.sweep import Attempt, Sweep
+from codesign.spec.jobs import PlannedJob
 from codesign.spec.types import ClusterSpec, Job, ModelSpec, ParallelSpec, TrainingSpec
 from codesign.store.database import Store
 from tests.conftest import FAST_XLA, run_on_devices
@@ -160,7 +162,7 @@ def test_job_body_runs_the_chosen_plan_and_the_store_records_it(tmp_path, monkey
     assert outcome.status == "succeeded", outcome.error
     assert [s["device_ids"] for s in outcome.plan["stages"]] == [[1, 2, 3], [0]]
     assert Plan.from_dict(outcome.chosen_plan) == plan
-    assert store.finish(attempt, outcome)
+    Sweep([], store, executor, False, 300, 1).record(Attempt(PlannedJob(job), attempt, None), outcome)
     (row,) = store.attempts()
     assert (row["pp_dp_op"], row["host_ids"], row["device_ids"]) == ("[2, [3, 1], 1]", "[[0], [0]]",
                                                                      "[[[1, 2, 3]], [[0]]]")

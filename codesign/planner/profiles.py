@@ -11,6 +11,8 @@ Pure Python: `codesign profile` (engine/profile.py) measures, the store keeps th
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import logging
 from dataclasses import dataclass, field
 from importlib import metadata
@@ -35,17 +37,56 @@ class Link:
         return f"{self.bandwidth:.3g} B/s, {self.latency * 1e6:.1f} us per step"
 
 
+Points = tuple[tuple[float, float], ...]  # (FLOPs of one call, its seconds), FLOPs ascending
+
+
 @dataclass(frozen=True)
 class Rate:
-    """One kind of work on one device: effective FLOP/s forward and backward, seconds per call."""
+    """One kind of work on one device: effective FLOP/s forward and backward, seconds per call.
+    Measured points, where a profile has them, price a call instead (a GPU's time per call is
+    far from a line in its FLOPs: launch-bound when small, at its rate only when large)."""
 
     forward: float
     backward: float
     overhead: float
+    forward_points: Points = ()
+    backward_points: Points = ()
 
     def __str__(self) -> str:  # for the profile's progress lines
+        measured = f", {len(self.forward_points)} measured points" if self.forward_points else ""
         return (f"forward {self.forward:.3g} FLOP/s, backward {self.backward:.3g} FLOP/s, "
-                f"{self.overhead * 1e6:.0f} us per call")
+                f"{self.overhead * 1e6:.0f} us per call{measured}")
+
+    def to_dict(self) -> dict[str, Any]:
+        """The rate's fields; points only where measured (profiles without them stay as they were)."""
+        data = {"forward": self.forward, "backward": self.backward, "overhead": self.overhead}
+        if self.forward_points:
+            data.update(forward_points=[list(p) for p in self.forward_points],
+                        backward_points=[list(p) for p in self.backward_points])
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Rate:
+        def points(key: str) -> Points:
+            return tuple((float(work), float(seconds)) for work, seconds in data.get(key, ()))
+
+        return cls(float(data["forward"]), float(data["backward"]), float(data["overhead"]),
+                   points("forward_points"), points("backward_points"))
+
+
+def interpolated(points: Points, flops: float, rate: float) -> float:
+    """Seconds of a call of `flops` from measured points: piecewise linear in log-log between
+    them; past the largest, that point's time plus the extra FLOPs at `rate`; below the
+    smallest, the first segment's log-log slope kept within [0, 1] (launch-bound calls take
+    about as long whatever their size)."""
+    work, seconds = np.log(np.array(points)).T
+    if flops >= points[-1][0]:
+        return points[-1][1] + (flops - points[-1][0]) / rate
+    x = np.log(max(flops, 1.0))
+    if x >= work[0]:
+        return float(np.exp(np.interp(x, work, seconds)))
+    slope = np.clip((seconds[1] - seconds[0]) / (work[1] - work[0]), 0.0, 1.0) if len(points) > 1 else 0.0
+    return float(np.exp(seconds[0] + slope * (x - work[0])))
 
 
 @dataclass(frozen=True)
@@ -64,6 +105,8 @@ class DeviceProfile:
     contention: float = 0.0  # a pipeline on shared cores: its work's excess over perfectly packed, per
     # busy device beyond one (its stages' small programs wake threads beside the others'); fitted to real steps
     combines_collectives: bool = True  # XLA merges ZeRO-2's parameter all-gathers (GPU); CPU: one per array
+    lockstep: float = 0.0  # shared cores: the extra share of a program's compute per op device beyond one, whose
+    # devices meet at op's collectives between its computations and so cannot fill each other's stalls
     roofline: bool = True  # rates count FLOPs only, activation traffic is added at `bandwidth`;
     # False: measured rates already include the traffic at the probed widths
     versions: tuple[tuple[str, str], ...] = ()
@@ -98,14 +141,15 @@ class DeviceProfile:
 
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
-        data["rates"] = {p: {k: dataclasses.asdict(r) for k, r in table} for p, table in self.rates}
+        data["rates"] = {p: {k: r.to_dict() for k, r in table} for p, table in self.rates}
         data["speedup"] = [list(s) for s in self.speedup]
         data["versions"] = dict(self.versions)
         return data
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> DeviceProfile:
-        rates = tuple((p, tuple((k, Rate(**r)) for k, r in table.items())) for p, table in data["rates"].items())
+        rates = tuple((p, tuple((k, Rate.from_dict(r)) for k, r in table.items()))
+                      for p, table in data["rates"].items())
         return cls(kind=data["kind"], platform=data["platform"], memory=int(data["memory"]), rates=rates,
                    bandwidth=float(data["bandwidth"]), dispatch=float(data["dispatch"]),
                    speedup=tuple((int(n), float(s)) for n, s in data.get("speedup", ())),
@@ -114,6 +158,7 @@ class DeviceProfile:
                    sync_traffic=float(data.get("sync_traffic", 0.0)),
                    contention=float(data.get("contention", 0.0)),
                    combines_collectives=bool(data.get("combines_collectives", True)),
+                   lockstep=float(data.get("lockstep", 0.0)),
                    roofline=bool(data.get("roofline", True)),
                    versions=tuple(sorted(data.get("versions", {}).items())), source=data.get("source", "measured"))
 
@@ -158,7 +203,8 @@ BUILTIN: dict[str, DeviceProfile] = {
                                           (LAYER, Rate(4.9e10, 3.4e10, 9.4e-6)))),),
                          bandwidth=2.1e10, dispatch=9.7e-5,
                          speedup=((1, 1.0), (2, 1.11), (4, 1.37), (8, 1.52)), link=Link(3.1e9, 9.4e-6),
-                         sync_traffic=2.4, contention=0.044, combines_collectives=False, roofline=False),
+                         sync_traffic=2.4, contention=0.044, combines_collectives=False, roofline=False,
+                         lockstep=0.14),
 }
 
 
@@ -174,17 +220,15 @@ def builtin_kind(device_kind: str) -> str | None:
 
 @dataclass
 class ProfileBook:
-    """The profiles at hand: built-in ones overlaid with those measured into the DB, and which
-    kind this machine's devices are on each platform."""
+    """The profiles at hand: built-in ones overlaid with measured ones, and which kind this
+    machine's devices are on each platform."""
 
     profiles: dict[str, DeviceProfile] = field(default_factory=lambda: dict(BUILTIN))
     local: dict[str, str] = field(default_factory=lambda: {"cpu": "cpu", "gpu": "H100", "auto": "H100"})
 
     def add(self, profile: DeviceProfile) -> None:
-        """Keep a measured profile; a GPU one also says which GPUs this machine (or DB) has."""
+        """Keep a measured profile under its device kind (which platform it is local to is `local`'s)."""
         self.profiles[profile.kind] = profile
-        if profile.platform == "gpu":
-            self.local["gpu"] = self.local["auto"] = profile.kind
 
     @property
     def kinds(self) -> list[str]:
@@ -201,6 +245,13 @@ class ProfileBook:
             log.warning("no profile for device kind %r; pricing it as an H100", kind)
             return self.profiles["H100"]
         return found
+
+
+def profile_id(profile: DeviceProfile) -> str:
+    """Names a profile's exact figures, e.g. "cpu@3fa9c1e2b4d0": what an attempt records it was
+    priced by, and what the results DB keeps a copy under."""
+    digest = hashlib.sha256(json.dumps(profile.to_dict(), sort_keys=True).encode()).hexdigest()
+    return f"{profile.kind}@{digest[:12]}"
 
 
 def cluster_links(profile: DeviceProfile, cluster: ClusterSpec,

@@ -48,33 +48,36 @@ def job_env(job: Job, cache_dir: str | None, local_devices: int | None = None,
     return env
 
 
-class JobProcess:
-    """One job body, `python -m MODULE JOB.json OUTCOME.json`, under a guard leading its own
-    process group; the group dies when this process does (see `guard`). JOB.json holds the job
-    and, under "chosen_plans", the plans the toolkit chose for it, best predicted first, if any."""
+class GuardedProcess:
+    """`python -m MODULE ARGS...` under a guard leading its own process group; the group dies
+    when this process does (see `guard`). Its output goes to `output`, or to this process's own
+    stdout and stderr when None."""
 
-    def __init__(self, job: Job, env: dict[str, str], job_module: str, plans: Sequence[Plan] = ()):
-        self._tmp = tempfile.TemporaryDirectory(prefix="codesign-job-")
-        tmp = Path(self._tmp.name)
-        self.outcome_file, self.log_file = tmp / "outcome.json", tmp / "log"
-        chosen = {"chosen_plans": [plan.to_dict() for plan in plans]} if plans else {}
-        (tmp / "job.json").write_text(json.dumps({**job.to_dict(), **chosen}))
-        lifeline, self._lifeline = os.pipe()  # we hold the write end until the job is over
+    def __init__(self, command: Sequence[str], env: Mapping[str, str], output: Path | None = None):
+        lifeline, self._lifeline = os.pipe()  # we hold the write end until the process is over
         self._closing = threading.Lock()
+        sink = open(output, "a") if output else None
         try:
-            with open(self.log_file, "w") as output:
-                self.proc = subprocess.Popen(
-                    [sys.executable, "-m", "codesign.run.guard", str(os.getpid()), str(lifeline),
-                     job_module, str(tmp / "job.json"), str(self.outcome_file)],
-                    env=env, stdout=output, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                    start_new_session=True, pass_fds=(lifeline,))
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "codesign.run.guard", str(os.getpid()), str(lifeline), *command],
+                env=dict(env), stdout=sink, stderr=subprocess.STDOUT if sink else None,
+                stdin=subprocess.DEVNULL, start_new_session=True, pass_fds=(lifeline,))
         finally:
             os.close(lifeline)
+            if sink:
+                sink.close()
         self.started = time.monotonic()
 
     @property
     def pid(self) -> int:
         return self.proc.pid
+
+    def wait(self, timeout: float) -> int | None:
+        """The exit code, or None when it still runs after timeout seconds."""
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return None
 
     def kill(self) -> None:
         """SIGKILL the whole group and wait (a bounded time) until it is gone: leftovers of a
@@ -92,8 +95,29 @@ class JobProcess:
         if lifeline is not None:
             os.close(lifeline)
 
+
+class JobProcess(GuardedProcess):
+    """One job body, `python -m MODULE JOB.json OUTCOME.json`, under a guard. JOB.json holds the
+    job and, under "chosen_plans", the plans the toolkit chose for it, best predicted first, if
+    any. Its output goes to `log` (kept: a hang leaves its evidence), else to a temp file."""
+
+    def __init__(self, job: Job, env: Mapping[str, str], job_module: str, plans: Sequence[Plan] = (),
+                 log: Path | None = None):
+        self._tmp = tempfile.TemporaryDirectory(prefix="codesign-job-")
+        tmp = Path(self._tmp.name)
+        self.outcome_file, self.log_file = tmp / "outcome.json", log or tmp / "log"
+        chosen = {"chosen_plans": [plan.to_dict() for plan in plans]} if plans else {}
+        (tmp / "job.json").write_text(json.dumps({**job.to_dict(), **chosen}))
+        super().__init__([job_module, str(tmp / "job.json"), str(self.outcome_file)], env, self.log_file)
+
+    def output_tail(self, limit: int = OUTPUT_TAIL) -> str:
+        try:
+            return self.log_file.read_text(errors="replace")[-limit:]
+        except OSError:
+            return ""
+
     def result(self, code: int) -> Outcome:
-        """The outcome the child wrote, or why there is none; removes the job's files."""
+        """The outcome the child wrote, or why there is none; removes the job's temp files."""
         self.kill()
         try:
             try:
@@ -102,7 +126,7 @@ class JobProcess:
                 problem = "without a result"
             except (OSError, ValueError) as err:
                 problem = f"with an unreadable outcome file ({err})"
-            tail = self.log_file.read_text(errors="replace")[-OUTPUT_TAIL:]
+            tail = self.output_tail()
         finally:
             self._tmp.cleanup()
         status = INTERRUPTED if code == -signal.SIGINT else FAILED
@@ -110,47 +134,85 @@ class JobProcess:
                                      f" its last output:\n{tail}")
 
     def close(self) -> None:
-        """Kill the group and remove the job's files, whatever state the job is in."""
+        """Kill the group and remove the job's temp files, whatever state the job is in."""
         self.kill()
         self._tmp.cleanup()
 
 
 class LocalRun:
-    """A job running on this machine, with its deadline."""
+    """A job running on this machine, with its deadline and the GPUs it holds."""
 
-    def __init__(self, job: Job, timeout: float, process: JobProcess):
-        self.job, self.timeout, self.process = job, timeout, process
+    def __init__(self, job: Job, timeout: float, process: JobProcess, gpus: tuple[int, ...] = (),
+                 stream: bool = False):
+        self.job, self.timeout, self.process, self.gpus = job, timeout, process, gpus
         self.deadline = process.started + timeout
+        self.streamed = 0 if stream else None  # bytes of the log already copied to stderr
 
     def check(self) -> Outcome | None:
         """The outcome once the job ended or overstayed (then killed); None while it runs."""
+        self.stream()
         code = self.process.proc.poll()
         if code is not None:
             outcome = self.process.result(code)
         elif time.monotonic() >= self.deadline:
             self.process.close()
-            outcome = Outcome(TIMEOUT, error=f"killed after the {self.timeout:g} s timeout")
+            outcome = Outcome(TIMEOUT, error=f"killed after the {self.timeout:g} s timeout; its last output:\n"
+                                             f"{self.process.output_tail()}")
         else:
             return None
+        self.stream()
         outcome.duration = time.monotonic() - self.process.started
+        if self.gpus:
+            outcome.metrics["gpu_ids"] = list(self.gpus)
         return outcome
+
+    def stream(self) -> None:
+        """With -v: the job's new output, as it comes, on stderr."""
+        if self.streamed is None:
+            return
+        try:
+            with open(self.process.log_file, "rb") as f:
+                f.seek(self.streamed)
+                new = f.read()
+        except OSError:
+            return
+        self.streamed += len(new)
+        if new:
+            sys.stderr.write(new.decode(errors="replace"))
+            sys.stderr.flush()
 
 
 class LocalExecutor:
-    """Each job in a fresh subprocess on this machine."""
+    """Each job in a fresh subprocess on this machine. GPU jobs get disjoint GPUs of this host
+    (CUDA_VISIBLE_DEVICES: each sees only its own), so jobs needing fewer GPUs than the host has
+    run side by side; CPU jobs share the cores, `cpu_slots` at a time, never beside GPU jobs."""
 
-    def __init__(self, cache_dir: str | None = None, job_module: str = "codesign.engine.job"):
+    def __init__(self, cache_dir: str | None = None, job_module: str = "codesign.engine.job",
+                 gpus: Sequence[int] = (), cpu_slots: int = 1, stream: bool = False):
         self.cache_dir = cache_dir
         self.job_module = job_module  # `python -m MODULE JOB.json OUTCOME.json` runs the job body
+        self.gpus, self.cpu_slots, self.stream = tuple(gpus), cpu_slots, stream
+
+    def free_gpus(self, running: Sequence[LocalRun]) -> list[int]:
+        held = {g for run in running for g in run.gpus}
+        return [g for g in self.gpus if g not in held]
 
     def can_start(self, job: Job, running: Sequence[LocalRun]) -> bool:
-        """CPU jobs share the machine; a GPU job holds every GPU, so it runs alone."""
-        return not running or (job.platform == "cpu" and all(r.job.platform == "cpu" for r in running))
+        if job.platform == "gpu":
+            if not self.gpus:  # the host's GPUs are not known by id: a GPU job holds them all
+                return not running
+            return (all(r.job.platform == "gpu" for r in running)
+                    and len(self.free_gpus(running)) >= job.cluster.num_devices)
+        return all(r.job.platform == "cpu" for r in running) and len(running) < self.cpu_slots
 
-    def start(self, job: Job, timeout: float, plans: Sequence[Plan] = ()) -> LocalRun:
+    def start(self, job: Job, timeout: float, plans: Sequence[Plan] = (), log: Path | None = None,
+              running: Sequence[LocalRun] = ()) -> LocalRun:
         """Run the job under the plans given (the toolkit chose them; with several, the fastest
-        as measured), else under its manual spec's."""
-        return LocalRun(job, timeout, JobProcess(job, job_env(job, self.cache_dir), self.job_module, plans))
+        as measured), else under its manual spec's; GPU jobs on the first free GPUs."""
+        gpus = tuple(self.free_gpus(running)[:job.cluster.num_devices]) if job.platform == "gpu" and self.gpus else ()
+        extra = {"CUDA_VISIBLE_DEVICES": ",".join(map(str, gpus))} if gpus else {}
+        process = JobProcess(job, job_env(job, self.cache_dir, extra=extra), self.job_module, plans, log)
+        return LocalRun(job, timeout, process, gpus, self.stream)
 
     def wait(self, running: Sequence[LocalRun], seconds: float) -> list[tuple[LocalRun, Outcome]]:
         """Block until some jobs end (or overstay) or seconds pass; returns those that ended."""

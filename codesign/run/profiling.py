@@ -1,74 +1,188 @@
-"""Device profiles for a sweep: measured once per device kind and library versions, kept in the DB.
+"""The device profiles a command prices with: built-in ones, overlaid with this machine's measured ones.
 
-Measuring runs `python -m codesign.engine.profile` in a child (JAX never enters the
-orchestrator), with 8 virtual devices on CPU so the shared-core speed-up is measured too.
-CODESIGN_PROFILE=builtin skips measuring and prices with the built-in profiles (tests do).
+Measured profiles are kept per machine in the user's cache directory (XDG), keyed by device
+kind, host (CPU model and core count; for GPUs their count) and library versions, and shared
+by every DB and by `codesign plan`. Nothing waits on a profile it does not need: manual jobs are
+priced by the best profile at hand, and only an Auto search job whose devices have no measured
+profile has one measured, once, right before it starts (`Profiles.measured_for`). Measuring runs
+`python -m codesign.engine.profile` under the job guard (no process outlives the orchestrator),
+with a timeout; a failure says so in one line and the built-in profile prices instead.
+CODESIGN_PROFILE=builtin never measures and ignores cached profiles (the tests set it).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
 import logging
 import os
-import subprocess
 import sys
 import tempfile
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable
+from typing import Callable
 
-from codesign.errors import UserError
-from codesign.planner.profiles import DeviceProfile, ProfileBook, library_versions
-from codesign.spec.hosts import device_env, local_gpu_kind
-from codesign.spec.jobs import PlannedJob
+import platformdirs
+
+from codesign.planner.profiles import DeviceProfile, ProfileBook, builtin_kind, library_versions
+from codesign.spec.hosts import Hosts, device_env
 from codesign.store.database import Store
 
 log = logging.getLogger(__name__)
 CPU_PROFILE_DEVICES = 8
-PROFILE_TIMEOUT = 600
+PROFILE_MODULE = "codesign.engine.profile"  # `python -m MODULE OUT.json` measures (tests swap in a fake)
+PROFILE_TIMEOUT = float(os.environ.get("CODESIGN_PROFILE_TIMEOUT", 300))  # seconds; 60 s expected
+POLL_EVERY = 0.1
 
 
-def measure(platform: str) -> DeviceProfile:
-    """Profile this machine's devices of a platform in a child process; its progress goes to stderr."""
-    env = device_env(dict(os.environ, PYTHONUNBUFFERED="1"), platform, CPU_PROFILE_DEVICES)
-    with tempfile.TemporaryDirectory(prefix="codesign-profile-") as tmp:
-        out = Path(tmp) / "profile.json"
-        proc = subprocess.run([sys.executable, "-m", "codesign.engine.profile", str(out)], env=env,
-                              timeout=PROFILE_TIMEOUT, stdout=subprocess.DEVNULL)
-        if proc.returncode != 0 or not out.exists():
-            raise UserError(f"profiling the {platform} devices failed (exit code {proc.returncode})")
-        return DeviceProfile.from_dict(json.loads(out.read_text()))
+@dataclass(frozen=True)
+class Machine:
+    """What a measured profile is kept under: it holds for these devices, this host, these libraries."""
+
+    platform: str  # "cpu" | "gpu"
+    device_kind: str
+    host: str  # CPU model and core count; for GPUs, how many this host has
+    versions: tuple[tuple[str, str], ...]
+
+    @property
+    def key(self) -> str:
+        text = json.dumps(dataclasses.asdict(self), sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    def __str__(self) -> str:
+        return f"{self.platform} devices ({self.device_kind}, {self.host})"
 
 
-def local_kind(platform: str) -> str:
-    return local_gpu_kind() if platform == "gpu" else "cpu"
+def this_machine(platform: str, hosts: Hosts) -> Machine:
+    """The local devices of a platform as the profile cache knows them."""
+    from codesign.run.discovery import cpu_model
+
+    versions = tuple(sorted(library_versions().items()))
+    if platform == "gpu":
+        return Machine("gpu", hosts.gpu_kind or "gpu", f"{hosts.gpus[0]} GPU(s)", versions)
+    return Machine("cpu", "cpu", cpu_model(), versions)
 
 
-def load_book(store: Store | None) -> ProfileBook:
-    """Built-in profiles overlaid with the DB's: for each kind, the one measured under the
-    installed library versions, else the most recent one."""
+class ProfileCache:
+    """One JSON file per machine key under the user's cache directory; written atomically."""
+
+    def __init__(self, root: Path | None = None):
+        self.root = root or Path(platformdirs.user_cache_dir("codesign")) / "profiles"
+
+    def path(self, machine: Machine) -> Path:
+        return self.root / f"{machine.key}.json"
+
+    def load(self, machine: Machine) -> DeviceProfile | None:
+        try:
+            data = json.loads(self.path(machine).read_text())
+            return DeviceProfile.from_dict(data["profile"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    def save(self, machine: Machine, profile: DeviceProfile) -> Path:
+        path = self.path(machine)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        data = {"machine": dataclasses.asdict(machine), "created": time.time(), "profile": profile.to_dict()}
+        with tempfile.NamedTemporaryFile("w", dir=path.parent, suffix=".tmp", delete=False) as f:
+            json.dump(data, f)
+        os.replace(f.name, path)
+        return path
+
+
+def measure(machine: Machine, cache: ProfileCache, jax_cache: str | None = None,
+            timeout: float | None = None, check_stop: Callable[[], None] = lambda: None) -> DeviceProfile | None:
+    """Measure this machine's devices of a platform in a guarded child (its progress on stderr)
+    and keep the profile in the cache; None, after one line saying what failed, when it fails or
+    overstays. The child saves its sections as they come (OUT.json.parts), so a rerun resumes."""
+    from codesign.run.local import GuardedProcess
+
+    env = device_env(dict(os.environ, PYTHONUNBUFFERED="1"), machine.platform, CPU_PROFILE_DEVICES)
+    if jax_cache:
+        env["CODESIGN_CACHE_DIR"] = jax_cache
+    out = cache.root / f"{machine.key}.measuring.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    limit = PROFILE_TIMEOUT if timeout is None else timeout
+    print(f"codesign: measuring the {machine} for the cost model (at most {limit:g} s)...", file=sys.stderr)
+    process = GuardedProcess([PROFILE_MODULE, str(out)], env)
+    try:
+        code = _wait(process, limit, check_stop)
+    finally:
+        process.kill()
+    problem = (f"timed out after {limit:g} s" if code is None
+               else f"exited with code {code}" if code != 0 or not out.exists() else "")
+    if not problem:
+        try:
+            profile = DeviceProfile.from_dict(json.loads(out.read_text()))
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            problem = f"wrote an unreadable profile ({err})"
+    if problem:
+        print(f"codesign: profiling the {machine} {problem}; pricing with the built-in profile", file=sys.stderr)
+        return None
+    out.unlink()
+    log.info("profile of the %s kept in %s", machine, cache.save(machine, profile))
+    return profile
+
+
+def _wait(process, limit: float, check_stop: Callable[[], None]) -> int | None:
+    """The child's exit code, or None past the limit; check_stop raises when the user stops us."""
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        code = process.wait(POLL_EVERY)
+        if code is not None:
+            return code
+        check_stop()
+    return None
+
+
+@dataclass
+class Profiles:
+    """The profiles a command prices with, and how to get a measured one when a job needs it."""
+
+    book: ProfileBook
+    machines: dict[str, Machine] = field(default_factory=dict)  # platform -> this machine's devices
+    cache: ProfileCache | None = None  # None: never measure (Ray, CODESIGN_PROFILE=builtin)
+    jax_cache: str | None = None
+    tried: set[str] = field(default_factory=set)  # platforms measured (or failed) in this command
+
+    def has_measured(self, platform: str) -> bool:
+        """No measuring to do for the platform: done, tried, or not allowed here."""
+        return self.cache is None or platform not in self.machines or platform in self.tried
+
+    def measured_for(self, platform: str, check_stop: Callable[[], None] = lambda: None) -> ProfileBook:
+        """The book, after measuring the platform's devices if they have no measured profile yet."""
+        if not self.has_measured(platform):
+            self.tried.add(platform)
+            profile = measure(self.machines[platform], self.cache, self.jax_cache, check_stop=check_stop)
+            if profile is not None:
+                self.book.add(profile)
+                self.book.local[platform] = profile.kind
+        return self.book
+
+
+def profiles_for(hosts: Hosts, store: Store | None = None, on_ray: bool = False,
+                 cache: ProfileCache | None = None, jax_cache: str | None = None) -> Profiles:
+    """The profiles at hand for jobs on these hosts: built-in ones, the DB's measured copies of
+    other machines' kinds (for simulated clusters), then this machine's cached ones. On Ray, the
+    jobs' nodes are priced by their kind's built-in profile, never by this machine's."""
     book = ProfileBook()
-    if store is None:
-        return book
-    versions = library_versions()
-    for kind, data in store.latest_profiles().items():
-        book.add(DeviceProfile.from_dict(store.profile(kind, versions) or data))
-    return book
-
-
-def ensure_profiles(store: Store, planned: Iterable[PlannedJob]) -> ProfileBook:
-    """Before the first job: measure each local platform the sweep will run on, unless the DB
-    holds a profile of its device kind under the installed library versions."""
-    book = load_book(store)
-    platforms = sorted({p.job.platform for p in planned if not p.unavailable and p.job.platform != "sim"})
-    versions = library_versions()
-    for platform in platforms:
-        kind = local_kind(platform)
-        book.local[platform] = kind
-        if store.profile(kind, versions) is not None or os.environ.get("CODESIGN_PROFILE") == "builtin":
-            continue
-        print(f"codesign: profiling the {platform} devices ({kind}) once for the cost model...", file=sys.stderr)
-        profile = measure(platform)
-        store.save_profile(profile.kind, versions, platform, profile.to_dict())
-        book.add(profile)
-        book.local[platform] = profile.kind
-    return book
+    gpu = builtin_kind(hosts.gpu_kind) or hosts.gpu_kind or "H100"
+    book.local.update(gpu=gpu, auto=gpu)
+    for data in store.stored_profiles() if store is not None else ():
+        if data.get("source") == "measured" and data["kind"] not in ("cpu", hosts.gpu_kind):
+            book.add(DeviceProfile.from_dict(data))
+    if on_ray or os.environ.get("CODESIGN_PROFILE") == "builtin":
+        return Profiles(book)
+    cache = cache or ProfileCache()
+    machines = {"cpu": this_machine("cpu", hosts)}
+    if hosts.gpus[0]:
+        machines["gpu"] = this_machine("gpu", hosts)
+    found = Profiles(book, machines, cache, jax_cache)
+    for platform, machine in machines.items():
+        profile = cache.load(machine)
+        if profile is not None:
+            book.add(profile)
+            book.local[platform] = profile.kind
+            found.tried.add(platform)
+    return found

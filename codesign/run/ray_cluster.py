@@ -11,10 +11,12 @@ drives everything from here and alone writes the DB; the actors only run and rep
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import socket
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Sequence
 
 import ray
@@ -35,6 +37,7 @@ from codesign.spec.types import Job
 log = logging.getLogger(__name__)
 STOP_GRACE = 10.0  # seconds the actors get to kill their job bodies before they are killed
 PROBE_TIMEOUT = 10.0  # seconds to reach a Ray head before giving up
+LOG_LIMIT = 1 << 20  # characters of a host's output shipped back for the job's log
 
 
 def connect(address: str) -> None:
@@ -86,12 +89,21 @@ class HostShare:
             "CODESIGN_PROCESS_ID": str(process_id)}
         env = job_env(job, self.cache_dir, job.cluster.num_devices_per_host, extra)
         self.process = JobProcess(job, env, self.job_module, plans)
-        return self.process.result(self.process.proc.wait())
+        code = self.process.proc.wait()
+        output = self.process.output_tail(LOG_LIMIT)
+        outcome = self.process.result(code)
+        if job.platform == "gpu":
+            outcome.metrics["gpu_ids"] = [int(g) for g in ray.get_gpu_ids()]
+        return outcome, output
 
-    def stop(self) -> None:
-        """Called from a second thread while run() waits: the job's group dies, run() returns."""
-        if self.process is not None:
-            self.process.kill()
+    def stop(self) -> str:
+        """Called from a second thread while run() waits: the job's group dies, run() returns;
+        returns the job's output so far (a timed-out job's log)."""
+        if self.process is None:
+            return ""
+        output = self.process.output_tail(LOG_LIMIT)  # before the kill lets run() remove the job's files
+        self.process.kill()
+        return output
 
 
 _HostShare = ray.remote(max_concurrency=2)(HostShare)  # run() and stop() at the same time
@@ -107,6 +119,7 @@ class RayRun:
     ready: Any  # ObjectRef that resolves when the group's bundles are reserved
     submitted: float
     plans: Sequence[Plan] = ()  # chosen by the toolkit, best predicted first; none: the manual spec's
+    log: Path | None = None  # where each host's output is written when it comes back
     started: float | None = None
     actors: list = field(default_factory=list)
     shares: dict = field(default_factory=dict)  # ObjectRef of a host's run() -> host index, until it returns
@@ -135,11 +148,12 @@ class RayExecutor:
         """Start jobs until one has to wait for resources; Ray queues no more behind it."""
         return not any(run.pending for run in running)
 
-    def start(self, job: Job, timeout: float, plans: Sequence[Plan] = ()) -> RayRun:
+    def start(self, job: Job, timeout: float, plans: Sequence[Plan] = (), log: Path | None = None,
+              running: Sequence[RayRun] = ()) -> RayRun:
         bundle = {"CPU": 1, **({"GPU": job.cluster.num_devices_per_host} if job.platform == "gpu" else {})}
         strategy = "STRICT_SPREAD" if job.cluster.num_hosts > 1 else "PACK"
         group = placement_group([bundle] * job.cluster.num_hosts, strategy=strategy)
-        return RayRun(job, timeout, group, group.ready(), time.monotonic(), tuple(plans))
+        return RayRun(job, timeout, group, group.ready(), time.monotonic(), tuple(plans), log)
 
     def wait(self, running: Sequence[RayRun], seconds: float) -> list[tuple[RayRun, Outcome]]:
         """Block until some host reports or a deadline passes (at most seconds); returns ended jobs."""
@@ -193,7 +207,8 @@ class RayExecutor:
     def _share_result(self, run: RayRun, ref: Any, host: int) -> Outcome | None:
         """Host 0's outcome ends the job; another host ends it only by failing."""
         try:
-            outcome = ray.get(ref)
+            outcome, output = ray.get(ref)
+            _write_log(run, host, output)
         except RayActorError as err:
             return _actor_lost(run, host, err)
         except RayError as err:
@@ -212,12 +227,23 @@ class RayExecutor:
 
     def _release(self, run: RayRun) -> None:
         """Kill the job bodies, then their actors, and free the bundles for the next job."""
-        stops = [actor.stop.remote() for actor in run.actors]
+        stops = {actor.stop.remote(): host for host, actor in enumerate(run.actors) if host in run.shares.values()}
         if stops:
-            ray.wait(stops, num_returns=len(stops), timeout=STOP_GRACE)
+            done, _ = ray.wait(list(stops), num_returns=len(stops), timeout=STOP_GRACE)
+            for ref in done:
+                with contextlib.suppress(RayError):
+                    _write_log(run, stops[ref], ray.get(ref))
         for actor in run.actors:
             ray.kill(actor)
         remove_placement_group(run.group)
+
+
+def _write_log(run: RayRun, host: int, output: str) -> None:
+    """A host's output, appended to the job's log beside the DB (this machine's disk)."""
+    if run.log is None or not output:
+        return
+    with open(run.log, "a") as f:
+        f.write(f"## host {host} (node {run.nodes.get(host, '?')[:12]})\n{output}")
 
 
 def _actor_lost(run: RayRun, host: int, err: RayActorError) -> Outcome:

@@ -1,8 +1,11 @@
 """The sweep loop: start what the executor has room for, handle what ended, repeat.
 
 Every outcome, from `invalid` to a crashed process or a lost Ray node, goes through the
-same path (store.finish); only this process writes the DB. SIGINT or SIGTERM stops the
-loop after the running jobs are killed and recorded `interrupted` (a rerun retries them).
+same path (`Sweep.record` -> store.finish); only this process writes the DB. The orchestrator's
+own failures take it too: an exception while pricing or recording a job closes that job's
+attempt as `failed` with the traceback's tail, and the sweep goes on. SIGINT or SIGTERM only
+set a flag, which the loop acts on between steps (so a finished result is always recorded):
+it kills the running jobs, records them `interrupted` (a rerun retries them) and stops.
 """
 
 from __future__ import annotations
@@ -12,18 +15,25 @@ import contextlib
 import logging
 import math
 import signal
+import sys
 import time
+import traceback
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Iterator, Protocol, Sequence
 
 from tqdm import tqdm
 
+from codesign import __version__
 from codesign.errors import PlanError
-from codesign.outcome import INTERRUPTED, INVALID, OOM, SIMULATED, Outcome
+from codesign.outcome import FAILED, INTERRUPTED, INVALID, OOM, SIMULATED, Outcome
 from codesign.planner.auto import Candidate, NoPlanFits, choose_plan
+from codesign.planner.columns import plan_columns
 from codesign.planner.cost import predict, recorded
 from codesign.planner.plan import Plan, make_plan
-from codesign.planner.profiles import ProfileBook
+from codesign.planner.profiles import DeviceProfile, ProfileBook, profile_id
+from codesign.run.profiling import Profiles
+from codesign.run.reprice import prediction, stale, with_provenance
 from codesign.spec.config import LinkSpec
 from codesign.spec.jobs import PlannedJob, job_timeout
 from codesign.spec.types import Job
@@ -31,7 +41,9 @@ from codesign.store.database import Store
 
 log = logging.getLogger(__name__)
 HEARTBEAT_EVERY = 5.0
+POLL_EVERY = 0.5  # seconds the loop waits on its jobs before it looks at the stop flag again
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+TRACEBACK_TAIL = 3000  # characters of an orchestrator traceback kept on the attempt
 
 
 class Stopped(KeyboardInterrupt):
@@ -42,17 +54,30 @@ class Stopped(KeyboardInterrupt):
         self.exit_code = 128 + signum
 
 
+@dataclass
+class StopFlag:
+    """Set by a stop signal; the loop raises Stopped where it is safe to (never mid-record)."""
+
+    signum: int | None = None
+
+    def check(self) -> None:
+        if self.signum is not None:
+            raise Stopped(self.signum)
+
+
 @contextlib.contextmanager
-def signals_stop_the_sweep() -> Iterator[None]:
-    """Turn SIGINT and SIGTERM into Stopped; a second signal is ignored so the cleanup finishes."""
+def signals_stop_the_sweep() -> Iterator[StopFlag]:
+    """SIGINT and SIGTERM set the flag; a second signal is ignored so the cleanup finishes."""
+    flag = StopFlag()
+
     def stop(signum: int, _frame: object) -> None:
         for s in STOP_SIGNALS:
             signal.signal(s, signal.SIG_IGN)
-        raise Stopped(signum)
+        flag.signum = signum
 
     previous = {s: signal.signal(s, stop) for s in STOP_SIGNALS}
     try:
-        yield
+        yield flag
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
@@ -62,9 +87,13 @@ class Executor(Protocol):
     """Runs jobs out of process; a handle stands for one running job."""
 
     def can_start(self, job: Job, running: Sequence[Any]) -> bool: ...  # True when none run
-    def start(self, job: Job, timeout: float, plans: Sequence[Plan] = ()) -> Any: ...  # plans: chosen
+    def start(self, job: Job, timeout: float, plans: Sequence[Plan] = (), log: Path | None = None,
+              running: Sequence[Any] = ()) -> Any: ...  # plans: chosen; log: where its output goes
     def wait(self, running: Sequence[Any], seconds: float) -> list[tuple[Any, Outcome]]: ...
     def cancel(self, handle: Any) -> None: ...
+
+
+FAILURES = (FAILED, "timeout", OOM)  # statuses that make a finished sweep exit 3 (invalid is the config's answer)
 
 
 @dataclass
@@ -72,10 +101,17 @@ class SweepSummary:
     statuses: collections.Counter = field(default_factory=collections.Counter)
     skipped: int = 0
     unavailable: collections.Counter = field(default_factory=collections.Counter)  # reason -> jobs
+    repriced: int = 0  # simulated attempts priced again (their profile, links or cost model changed)
+
+    @property
+    def failures(self) -> int:
+        return sum(self.statuses[s] for s in FAILURES)
 
     def lines(self) -> list[str]:
         ran = ", ".join(f"{n} {s}" for s, n in sorted(self.statuses.items())) or "none"
         out = [f"attempted: {ran}; skipped (already recorded or running elsewhere): {self.skipped}"]
+        out += [f"re-priced {self.repriced} simulated attempt(s): their profile, links or cost model changed"
+                ] * bool(self.repriced)
         out += [f"not attempted, {n} job(s): {why}" for why, n in self.unavailable.items()]
         return out
 
@@ -89,6 +125,8 @@ class Attempt:
     handle: Any
     prediction: dict[str, Any] = field(default_factory=dict)
     candidates: tuple[Candidate, ...] = ()  # Auto search: the plans sent to the job, best predicted first
+    log: Path | None = None
+    beside: int = 0  # the most jobs that ran beside it at once
 
 
 @dataclass(frozen=True)
@@ -110,20 +148,33 @@ def invalid_outcome(job: Job) -> Outcome | None:
     return None
 
 
-@dataclass(frozen=True)
+def failure(what: str) -> Outcome:
+    """The orchestrator's own exception, as the failed outcome of the job it was handling."""
+    return Outcome(FAILED, error=f"codesign failed while {what}:\n{traceback.format_exc()[-TRACEBACK_TAIL:]}",
+                   duration=0.0)
+
+
+@dataclass
 class Pricing:
     """What the orchestrator prices plans with before anything runs: the device profiles and
     the config's link overrides. It predicts a manual plan and chooses an Auto search one."""
 
-    book: ProfileBook = field(default_factory=ProfileBook)
+    profiles: Profiles = field(default_factory=lambda: Profiles(ProfileBook()))
     links: tuple[LinkSpec, ...] = ()
+
+    @property
+    def book(self) -> ProfileBook:
+        return self.profiles.book
 
     def prepare(self, job: Job) -> Prepared:
         """An Auto search job's chosen plans, a manual one's prediction, or why it cannot run."""
         if job.parallel.is_auto:
             return self.choose(job)
         outcome = invalid_outcome(job)
-        return Prepared(outcome=outcome) if outcome else Prepared(prediction=predict(job, self.book, self.links))
+        if outcome:
+            return Prepared(outcome=outcome)
+        return Prepared(prediction=with_provenance(predict(job, self.book, self.links), self.book.for_job(job),
+                                                   self.links))
 
     def choose(self, job: Job) -> Prepared:
         """Search the plan space of an Auto search job: its auto_trials best plans, the best's
@@ -140,7 +191,8 @@ class Pricing:
 
     def predicted(self, job: Job, candidate: Candidate) -> dict[str, Any]:
         """A chosen plan's prediction, recorded as a manual plan's is."""
-        return recorded(candidate.estimate, self.book.for_job(job))
+        profile = self.book.for_job(job)
+        return with_provenance(recorded(candidate.estimate, profile), profile, self.links)
 
     def with_trials(self, job: Job, outcome: Outcome, candidates: Sequence[Candidate]) -> Outcome:
         """A job that trialled several chosen plans ran the fastest as measured: its prediction
@@ -161,29 +213,36 @@ class Sweep:
 
     def __init__(self, planned: list[PlannedJob], store: Store, executor: Executor,
                  retry_failed: bool, manual_timeout: float, max_concurrent: int | None,
-                 pricing: Pricing | None = None):
+                 pricing: Pricing | None = None, logs: Path | None = None, stop: StopFlag | None = None):
         self.queue = collections.deque(planned)
         self.running: list[Attempt] = []
         self.store, self.executor = store, executor
         self.retry_failed, self.manual_timeout = retry_failed, manual_timeout
         self.max_concurrent = max_concurrent or math.inf  # None: as many as the executor allows
         self.pricing = pricing or Pricing()
+        self.logs, self.stop_flag = logs, stop or StopFlag()
+        self.kept_profiles: set[str] = set()
+        self.version = __version__
         self.summary = SweepSummary()
-        self.progress = tqdm(total=len(planned), desc="jobs", unit="job", dynamic_ncols=True)
+        self.progress = tqdm(total=len(planned), desc="jobs", unit="job", dynamic_ncols=True,
+                             disable=not sys.stderr.isatty())
 
     def run(self) -> SweepSummary:
         beat = time.monotonic()
         try:
             while self.queue or self.running:
+                self.stop_flag.check()
                 self.start_what_fits()
                 if not self.running:
                     continue
-                for handle, outcome in self.executor.wait([a.handle for a in self.running], HEARTBEAT_EVERY):
+                for handle, outcome in self.executor.wait([a.handle for a in self.running],
+                                                         min(POLL_EVERY, HEARTBEAT_EVERY)):
                     self.record(next(a for a in self.running if a.handle is handle), outcome)
                 if time.monotonic() - beat >= HEARTBEAT_EVERY:
                     beat = time.monotonic()
                     for attempt in self.running:
                         self.store.heartbeat(attempt.attempt_id)
+            self.stop_flag.check()
         except BaseException as err:
             self.stop(err)
             raise
@@ -200,6 +259,8 @@ class Sweep:
             if not (item.unavailable or simulated) and not self.executor.can_start(
                     item.job, [a.handle for a in self.running]):
                 return
+            if not item.unavailable and not self.profile_ready(item):
+                return
             self.queue.popleft()
             if item.unavailable:
                 self.summary.unavailable[item.unavailable] += 1
@@ -209,31 +270,102 @@ class Sweep:
             if attempt_id is None:
                 self.summary.skipped += 1
                 self.progress.update()
+                if simulated:
+                    self.refresh_simulated(item)
                 continue
+            self.start(item, attempt_id)
+
+    def profile_ready(self, item: PlannedJob) -> bool:
+        """An Auto search job needs this machine's devices measured: once, right before the first
+        such job that runs, with the devices idle (False: wait for the running jobs to end)."""
+        platform = item.job.platform
+        if not item.job.parallel.is_auto or self.pricing.profiles.has_measured(platform):
+            return True
+        if self.store.decide(item.key, self.retry_failed).action != "run":
+            return True
+        if self.running:
+            return False
+        self.pricing.profiles.measured_for(platform, self.stop_flag.check)
+        return True
+
+    def refresh_simulated(self, item: PlannedJob) -> None:
+        """A simulated job already recorded is priced again when its profile, the config's links
+        or the cost model changed since (nothing ran: the prediction is all it holds)."""
+        for row in self.store.attempts_of(item.key, SIMULATED):
+            try:
+                now, profile = prediction(row, self.pricing.book, self.pricing.links)
+            except Exception:  # the recorded prediction stays; the sweep goes on
+                log.warning("could not price simulated attempt %d again:\n%s", row["id"], traceback.format_exc())
+                continue
+            if profile is not None and stale(row, now):
+                self.store.reprice(row["id"], now)
+                self.keep_profile(profile)
+                self.summary.repriced += 1
+
+    def start(self, item: PlannedJob, attempt_id: int) -> None:
+        """Price the claimed job and start it (or record why it does not start)."""
+        try:
             ready = self.pricing.prepare(item.job)
-            if ready.outcome is not None:
-                self.record(Attempt(item, attempt_id, None), ready.outcome)
-                continue
-            if simulated:
-                self.record(Attempt(item, attempt_id, None, ready.prediction), simulated_outcome(item.job, ready))
-                continue
-            plans = [c.plan for c in ready.candidates]
-            handle = self.executor.start(item.job, job_timeout(item.job, self.manual_timeout), plans)
-            self.running.append(Attempt(item, attempt_id, handle, ready.prediction, ready.candidates))
+        except Exception:
+            self.record(Attempt(item, attempt_id, None), failure("pricing the job"))
+            return
+        if ready.outcome is not None:
+            self.record(Attempt(item, attempt_id, None, ready.prediction), ready.outcome)
+            return
+        if item.job.platform == "sim":
+            self.record(Attempt(item, attempt_id, None, ready.prediction), simulated_outcome(item.job, ready))
+            return
+        log_path = self.logs / item.key / f"{attempt_id}.log" if self.logs else None
+        if log_path:
+            log_path.parent.mkdir(parents=True, exist_ok=True)
+        plans = [c.plan for c in ready.candidates]
+        handle = self.executor.start(item.job, job_timeout(item.job, self.manual_timeout), plans, log_path,
+                                     [a.handle for a in self.running])
+        self.running.append(Attempt(item, attempt_id, handle, ready.prediction, ready.candidates, log_path))
+        for attempt in self.running:
+            attempt.beside = max(attempt.beside, len(self.running) - 1)
 
     def record(self, attempt: Attempt, outcome: Outcome) -> None:
-        """The one path every outcome takes into the DB."""
+        """The one path every outcome takes into the DB; when preparing it fails, the attempt is
+        closed `failed` with the traceback instead."""
         if attempt in self.running:
             self.running.remove(attempt)
-        outcome = self.pricing.with_trials(attempt.item.job, outcome, attempt.candidates)
-        outcome.metrics = {**attempt.prediction, **outcome.metrics}
-        if not self.store.finish(attempt.attempt_id, outcome):
+        try:
+            outcome, columns = self.closing(attempt, outcome)
+            closed = self.store.finish(attempt.attempt_id, outcome, columns)
+        except Exception:
+            outcome = failure(f"recording the job's {outcome.status} outcome")
+            closed = self.store.finish(attempt.attempt_id, outcome)
+        if not closed:
             log.warning("attempt %d was closed by another orchestrator; its outcome %s is dropped",
                         attempt.attempt_id, outcome.status)
         self.summary.statuses[outcome.status] += 1
         self.progress.update()
         log.info("job %s: %s%s", attempt.item.key[:12], outcome.status,
                  f" ({outcome.error.strip().splitlines()[-1]})" if outcome.error else "")
+
+    def closing(self, attempt: Attempt, outcome: Outcome) -> tuple[Outcome, dict[str, Any]]:
+        """The outcome as recorded: with its prediction, provenance and where it ran; columns of
+        the plan the toolkit chose, as a manual spec fills them."""
+        job = attempt.item.job
+        outcome = self.pricing.with_trials(job, outcome, attempt.candidates)
+        outcome.metrics = {**attempt.prediction, **outcome.metrics, "codesign_version": self.version}
+        if attempt.handle is not None:
+            outcome.metrics["jobs_beside"] = attempt.beside
+        if attempt.log is not None and attempt.log.exists():
+            outcome.metrics["log_path"] = str(attempt.log)
+        if "profile_id" in outcome.metrics:
+            self.keep_profile(self.pricing.book.for_job(job))
+        chosen = plan_columns(Plan.from_dict(outcome.chosen_plan), job.cluster.num_devices_per_host) \
+            if outcome.chosen_plan else {}
+        return outcome, chosen
+
+    def keep_profile(self, profile: DeviceProfile) -> None:
+        """The DB keeps a copy of every profile that priced one of its attempts."""
+        pid = profile_id(profile)
+        if pid not in self.kept_profiles:
+            self.store.keep_profile(pid, profile.to_dict())
+            self.kept_profiles.add(pid)
 
     def stop(self, err: BaseException) -> None:
         """Kill what runs and record it as interrupted (a plain rerun retries it)."""
@@ -250,16 +382,17 @@ class Sweep:
 def simulated_outcome(job: Job, ready: Prepared) -> Outcome:
     """A job on a cluster this machine does not have: its plan (chosen, for Auto search) is
     recorded with its prediction, and nothing runs."""
+    kind = {"device_kind": job.cluster.device}
     if ready.candidates:
         plan = ready.candidates[0].plan
-        return Outcome(SIMULATED, plan=plan.describe(), chosen_plan=plan.to_dict(), duration=0.0)
-    return Outcome(SIMULATED, plan=make_plan(job).describe(), duration=0.0)
+        return Outcome(SIMULATED, metrics=kind, plan=plan.describe(), chosen_plan=plan.to_dict(), duration=0.0)
+    return Outcome(SIMULATED, metrics=kind, plan=make_plan(job).describe(), duration=0.0)
 
 
 def run_sweep(planned: list[PlannedJob], store: Store, executor: Executor, retry_failed: bool,
               manual_timeout: float, max_concurrent: int | None = 1,
-              pricing: Pricing | None = None) -> SweepSummary:
+              pricing: Pricing | None = None, logs: Path | None = None, stop: StopFlag | None = None) -> SweepSummary:
     reaped = store.reap_stale()
     if reaped:
         log.warning("marked %d attempt(s) of stopped runs as interrupted", reaped)
-    return Sweep(planned, store, executor, retry_failed, manual_timeout, max_concurrent, pricing).run()
+    return Sweep(planned, store, executor, retry_failed, manual_timeout, max_concurrent, pricing, logs, stop).run()

@@ -37,8 +37,6 @@ from codesign.outcome import (
     RUNNING,
     Outcome,
 )
-from codesign.planner.columns import plan_columns
-from codesign.planner.plan import Plan
 from codesign.spec.types import Job
 from codesign.store.schema import MIGRATIONS, SCHEMA_VERSION
 
@@ -52,6 +50,9 @@ NOW = "((julianday('now') - 2440587.5) * 86400.0)"  # the DB clock, in unix seco
 RETIRED_ERRORS = ("Auto search is not supported yet",)
 # What an outcome reports beside the metric columns, kept under its name in all_configs.
 CONFIG_METRICS = ("losses", "prediction", "auto_search", "auto_trials")
+# Columns a finished attempt may fill beside the metrics: where it ran and what priced it.
+PREDICTION_COLUMNS = ("predicted_time", "predicted_memory")
+SQLITE_HEADER = b"SQLite format 3\x00"
 
 
 
@@ -69,17 +70,18 @@ class Decision:
 
 
 class Store:
-    def __init__(self, path: str | Path, read_only: bool = False):
+    def __init__(self, path: str | Path, read_only: bool = False, check: bool = False):
+        """check: a full `PRAGMA quick_check` even where the file shows no sign of a crash."""
         self.path = str(path)
         self.host = socket.gethostname()
         self.pid = os.getpid()
         try:
-            self.conn = sqlite3.connect(f"file:{self.path}?mode=ro" if read_only else self.path,
+            self.conn = sqlite3.connect(f"{Path(path).resolve().as_uri()}?mode=ro" if read_only else self.path,
                                         uri=read_only, isolation_level=None, timeout=BUSY_TIMEOUT)
         except sqlite3.Error as err:
             raise StoreError(f"{self.path}: cannot open results DB: {err}") from None
         try:
-            self._check_file()
+            self._check_file(check or _crash_left_files(self.path))
             if not read_only:
                 self._use_wal()
             self.conn.row_factory = sqlite3.Row
@@ -121,13 +123,20 @@ class Store:
                     raise
                 time.sleep(0.05)
 
-    def _check_file(self) -> None:
-        """Refuse a file that is not a sound SQLite DB before anything writes to it."""
+    def _check_file(self, thorough: bool) -> None:
+        """Refuse a file that is not a sound SQLite DB before anything writes to it: its header
+        and size always, every page (quick_check, seconds on a big DB) only when asked or when a
+        crash left a journal beside it."""
+        problems = _header_problems(Path(self.path))
         try:
-            problems = [row[0] for row in self.conn.execute("PRAGMA quick_check")]
+            if not problems:
+                self.conn.execute("PRAGMA schema_version").fetchone()
+            if not problems and thorough:
+                problems = [row[0] for row in self.conn.execute("PRAGMA quick_check")]
+                problems = [] if problems == ["ok"] else problems
         except sqlite3.DatabaseError as err:
             problems = [str(err)]
-        if problems != ["ok"]:
+        if problems:
             raise StoreError(f"{self.path}: not a usable SQLite results DB ({problems[0]}); it was "
                              "left untouched: move it aside or pass another --db")
 
@@ -190,7 +199,8 @@ class Store:
             f"SELECT id, host, pid, started_at, {NOW} - heartbeat AS silent FROM attempts WHERE status = ?"
             + (" AND job_key = ?" if key else ""), (RUNNING, key) if key else (RUNNING,)).fetchall()
         dead = [r["id"] for r in rows
-                if r["silent"] > STALE_AFTER or (r["host"] == self.host and not _alive(r["pid"], r["started_at"]))]
+                if (r["silent"] if r["silent"] is not None else float("inf")) > STALE_AFTER
+                or (r["host"] == self.host and not _alive(r["pid"], r["started_at"]))]
         for attempt_id in dead:
             conn.execute(f"UPDATE attempts SET status = ?, finished_at = {NOW}, error = ? WHERE id = ?",
                          (INTERRUPTED, "orchestrator stopped while the job ran", attempt_id))
@@ -217,26 +227,37 @@ class Store:
             conn.execute(f"UPDATE attempts SET heartbeat = {NOW} WHERE id = ? AND status = ?",
                          (attempt_id, RUNNING))
 
-    def finish(self, attempt_id: int, outcome: Outcome) -> bool:
-        """Close a running attempt; False when it was no longer running (reaped meanwhile)."""
+    def finish(self, attempt_id: int, outcome: Outcome, columns: dict[str, Any] | None = None) -> bool:
+        """Close a running attempt; False when it was no longer running (reaped meanwhile).
+        columns: spec columns to overwrite (an Auto search job's chosen plan, as a manual spec's)."""
         if outcome.status not in FINAL_STATUSES:
             raise ValueError(f"not a final status: {outcome.status}")
+        unknown = set(outcome.metrics) - set(METRIC_COLUMNS) - set(CONFIG_METRICS)
+        if unknown:
+            raise ValueError(f"metrics with no column: {', '.join(sorted(unknown))}")
         values: dict[str, Any] = {k: _cell(outcome.metrics.get(k)) for k in METRIC_COLUMNS}
         values.update(status=outcome.status, error=outcome.error or None, job_duration=outcome.duration)
+        values.update({k: _cell(v) for k, v in (columns or {}).items()})
         with self._transaction() as conn:
-            row = conn.execute("SELECT all_configs, gpus_per_node FROM attempts WHERE id = ?",
-                               (attempt_id,)).fetchone()
+            row = conn.execute("SELECT all_configs FROM attempts WHERE id = ?", (attempt_id,)).fetchone()
             extra = {k: v for k, v in (("plan", outcome.plan), ("chosen_plan", outcome.chosen_plan),
                                        *((k, outcome.metrics.get(k)) for k in CONFIG_METRICS)) if v}
             if extra and row:
                 values["all_configs"] = json.dumps({**json.loads(row["all_configs"]), **extra})
-            if outcome.chosen_plan and row:
-                chosen = plan_columns(Plan.from_dict(outcome.chosen_plan), row["gpus_per_node"])
-                values.update({k: _cell(v) for k, v in chosen.items()})
             sets = ", ".join(f"{k} = ?" for k in values)
             cur = conn.execute(f"UPDATE attempts SET {sets}, finished_at = {NOW}, heartbeat = {NOW} "
                                f"WHERE id = ? AND status = ?", (*values.values(), attempt_id, RUNNING))
             return cur.rowcount == 1
+
+    def reprice(self, attempt_id: int, prediction: dict[str, Any]) -> None:
+        """A finished attempt's prediction from the cost model as it is now (its measurements stay)."""
+        values = {k: _cell(prediction.get(k)) for k in (*PREDICTION_COLUMNS, "profile_id", "cost_model")}
+        with self._transaction() as conn:
+            row = conn.execute("SELECT all_configs FROM attempts WHERE id = ?", (attempt_id,)).fetchone()
+            configs = {**json.loads(row["all_configs"] or "{}"), "prediction": prediction.get("prediction")}
+            sets = ", ".join(f"{k} = ?" for k in values)
+            conn.execute(f"UPDATE attempts SET {sets}, all_configs = ? WHERE id = ?",
+                         (*values.values(), json.dumps(configs), attempt_id))
 
     # -- reading ---------------------------------------------------------------------------
 
@@ -250,33 +271,59 @@ class Store:
             rows = self.conn.execute(f"SELECT * FROM attempts WHERE status IN ({marks}) ORDER BY id", wanted)
         return [dict(r) for r in rows]
 
+    def attempts_of(self, key: str, status: str) -> list[dict[str, Any]]:
+        """A job's attempts in one status, oldest first."""
+        rows = self.conn.execute("SELECT * FROM attempts WHERE job_key = ? AND status = ? ORDER BY id", (key, status))
+        return [dict(r) for r in rows]
+
     def attempt_columns(self) -> list[str]:
         return [r[1] for r in self.conn.execute("PRAGMA table_info(attempts)")]
 
     # -- device profiles -------------------------------------------------------------------
 
-    def save_profile(self, kind: str, versions: dict[str, str], platform: str, profile: dict[str, Any]) -> None:
-        """Keep a measured profile; a newer one of the same kind and versions replaces it."""
+    def keep_profile(self, profile_id: str, profile: dict[str, Any]) -> None:
+        """Keep a copy of a profile that priced attempts here, under its id (once)."""
         with self._transaction() as conn:
-            conn.execute(f"INSERT OR REPLACE INTO profiles (device_kind, versions, platform, profile, host, "
-                         f"created_at) VALUES (?, ?, ?, ?, ?, {NOW})",
-                         (kind, _versions(versions), platform, json.dumps(profile), self.host))
+            conn.execute(f"INSERT OR IGNORE INTO profiles (profile_id, device_kind, platform, source, versions, "
+                         f"profile, host, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, {NOW})",
+                         (profile_id, profile["kind"], profile["platform"], profile.get("source"),
+                          _versions(profile.get("versions", {})), json.dumps(profile), self.host))
 
-    def profile(self, kind: str, versions: dict[str, str]) -> dict[str, Any] | None:
-        """The profile measured for this device kind under these library versions, if any."""
-        row = self.conn.execute("SELECT profile FROM profiles WHERE device_kind = ? AND versions = ?",
-                                (kind, _versions(versions))).fetchone()
-        return json.loads(row[0]) if row else None
-
-    def latest_profiles(self) -> dict[str, dict[str, Any]]:
-        """Device kind -> its most recent profile (whatever the versions): what simulated clusters use."""
-        rows = self.conn.execute("SELECT device_kind, profile FROM profiles ORDER BY created_at, id")
-        return {kind: json.loads(profile) for kind, profile in rows}
-
+    def stored_profiles(self) -> list[dict[str, Any]]:
+        """Every profile kept here, oldest first."""
+        rows = self.conn.execute("SELECT profile FROM profiles ORDER BY created_at, rowid")
+        return [json.loads(profile) for (profile,) in rows]
 
 
 def _versions(versions: dict[str, str]) -> str:
     return json.dumps(versions, sort_keys=True)
+
+
+def _header_problems(path: Path) -> list[str]:
+    """What the first 100 bytes say is wrong with the file: not SQLite, or shorter than the page
+    count its header records (a truncated copy). An empty or missing file is a new DB."""
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            header = f.read(100)
+    except OSError:
+        return []
+    if size == 0:
+        return []
+    if len(header) < 100 or not header.startswith(SQLITE_HEADER):
+        return ["file is not a database"]
+    page_size = int.from_bytes(header[16:18], "big")
+    page_size = 65536 if page_size == 1 else page_size
+    pages = int.from_bytes(header[28:32], "big")
+    counted = header[24:28] == header[92:96]  # the header's page count is valid
+    if counted and size < page_size * pages:
+        return [f"truncated: {size} bytes of the {page_size * pages} its header records"]
+    return []
+
+
+def _crash_left_files(path: str) -> bool:
+    """A rollback journal or a WAL beside the DB: a process crashed, or another one has it open."""
+    return any(os.path.exists(path + suffix) for suffix in ("-journal", "-wal"))
 
 
 def _in_memory_copy(conn: sqlite3.Connection) -> sqlite3.Connection:

@@ -119,6 +119,33 @@ def allow_simulated(conn: sqlite3.Connection) -> None:
         conn.execute(sql)
 
 
+# v7: profiles kept per machine in the user's cache; the DB keeps a copy of each one that priced
+# an attempt, under its id (measured copies of v5 under "legacy-N"), and every attempt says
+# what priced it, what recorded it, where it ran and where its log is.
+V7_PROVENANCE = [
+    """CREATE TABLE profiles_v7 (
+    profile_id TEXT PRIMARY KEY,
+    device_kind TEXT NOT NULL,
+    platform TEXT NOT NULL,
+    source TEXT,
+    versions TEXT,
+    profile TEXT NOT NULL,
+    host TEXT,
+    created_at REAL
+)""",
+    "INSERT INTO profiles_v7 SELECT 'legacy-' || id, device_kind, platform, 'measured', versions, profile, host, "
+    "created_at FROM profiles",
+    "DROP TABLE profiles",
+    "ALTER TABLE profiles_v7 RENAME TO profiles",
+    "ALTER TABLE attempts ADD COLUMN profile_id TEXT",
+    "ALTER TABLE attempts ADD COLUMN cost_model TEXT",
+    "ALTER TABLE attempts ADD COLUMN codesign_version TEXT",
+    "ALTER TABLE attempts ADD COLUMN gpu_ids TEXT",
+    "ALTER TABLE attempts ADD COLUMN jobs_beside INTEGER",
+    "ALTER TABLE attempts ADD COLUMN log_path TEXT",
+]
+
+
 MIGRATIONS: list[Migration] = [
     _statements(V1_ATTEMPTS),
     _statements(V2_PRECISION_ENERGY),
@@ -126,5 +153,6 @@ MIGRATIONS: list[Migration] = [
     _statements(RESULTS_VIEW),  # v4: the earlier toolkit's `results`, as a view
     _statements(PROFILES),  # v5: device profiles for the cost model
     allow_simulated,  # v6: 'simulated' attempts, compiled_memory apart from predicted_memory
+    _statements(V7_PROVENANCE),  # v7: profile copies by id; what priced, recorded and ran each attempt
 ]
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -1,0 +1,68 @@
+"""Re-price recorded attempts with the profiles and cost model at hand now: after `codesign
+profile` measured this machine, or after a release changed the cost model. The measurements
+stay; predicted_time, predicted_memory, the breakdown and what priced them are replaced."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any, Iterable
+
+from codesign.outcome import RUNNING
+from codesign.planner.cost import COST_MODEL_VERSION, Workload, estimate, predict, recorded
+from codesign.planner.plan import Plan
+from codesign.planner.profiles import DeviceProfile, ProfileBook, profile_id
+from codesign.spec.config import LinkSpec
+from codesign.spec.types import Job
+from codesign.store.database import Store
+
+
+def with_provenance(found: dict[str, Any], profile: DeviceProfile, links: Iterable[LinkSpec]) -> dict[str, Any]:
+    """A prediction as an attempt records it: which profile, links and cost model made it (a
+    simulated attempt is re-priced when they change)."""
+    return {**found, "prediction": {**found["prediction"], "links": [dataclasses.asdict(link) for link in links]},
+            "profile_id": profile_id(profile), "cost_model": COST_MODEL_VERSION}
+
+
+def stale(row: dict[str, Any], now: dict[str, Any]) -> bool:
+    """The attempt was priced by another profile, other links or another cost model than now."""
+    then = json.loads(row["all_configs"] or "{}").get("prediction") or {}
+    return (row["profile_id"], row["cost_model"], then.get("links", [])) != \
+        (now["profile_id"], now["cost_model"], now["prediction"]["links"])
+
+
+def prediction(row: dict[str, Any], book: ProfileBook,
+               links: Iterable[LinkSpec] = ()) -> tuple[dict[str, Any], DeviceProfile | None]:
+    """An attempt's prediction now, and the profile that made it: of the plan the toolkit chose
+    for it, else of its manual spec's; ({}, None) where it has no plan to price (an invalid spec,
+    Auto search that chose none)."""
+    configs = json.loads(row["all_configs"] or "{}")
+    if not configs:
+        return {}, None
+    job = Job.from_dict(configs)
+    profile = book.for_job(job)
+    if configs.get("chosen_plan"):
+        found = recorded(estimate(Workload.of(job, profile, links), Plan.from_dict(configs["chosen_plan"])), profile)
+    else:
+        found = predict(job, book, links)
+    if not found:
+        return {}, None
+    return with_provenance(found, profile, links), profile
+
+
+def reprice(store: Store, rows: Iterable[dict[str, Any]], book: ProfileBook, links: Iterable[LinkSpec] = ()) -> int:
+    """Re-price every finished attempt that has a plan; returns how many. The DB keeps a copy of
+    each profile used."""
+    links, kept, changed = tuple(links), set(), 0
+    for row in rows:
+        if row["status"] == RUNNING:
+            continue
+        found, profile = prediction(row, book, links)
+        if profile is None:
+            continue
+        if found["profile_id"] not in kept:
+            store.keep_profile(found["profile_id"], profile.to_dict())
+            kept.add(found["profile_id"])
+        store.reprice(row["id"], found)
+        changed += 1
+    return changed
