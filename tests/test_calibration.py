@@ -1,19 +1,14 @@
-"""The profile's calibration: the factors fitted to real probe steps (engine/profile.py)."""
+"""The profile's calibration: the factors fitted to real probe steps (planner/calibration.py,
+pure: its tests import no JAX) and the CPU probes that time them (engine/profile.py, in children)."""
 
 import json
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 
-from codesign.engine.profile import (
-    COMPONENTS,
-    PROBE_ROUNDS,
-    PROBE_SECONDS,
-    ChildProbes,
-    fitted_factors,
-    probe_jobs,
-    scaled,
-)
+from codesign.planner.calibration import COMPONENTS, fitted_factors, probe_jobs, scaled
 from codesign.planner.cost import Workload, estimate
 from codesign.planner.plan import make_plan
 from codesign.planner.profiles import BUILTIN
@@ -25,15 +20,15 @@ def predicted(profile, jobs):
 
 
 def test_the_probe_steps_cover_every_fitted_component_on_eight_cpu_devices():
-    jobs = probe_jobs("cpu", 8)
+    jobs = probe_jobs(8)
     kinds = {(j.parallel.pp_dp_op, j.num_micro_batches > 1) for j in jobs}
-    assert {((1, 2, 1), False), ((1, 1, 2), False), ((2, 1, 1), True), ((1, 8, 1), False), ((1, 1, 1), True),
-            ((2, 2, 1), True), ((2, 1, 2), True), ((2, 2, 2), True)} <= kinds
-    assert [j.cluster.num_devices for j in probe_jobs("cpu", 1)] == [1] * 4
+    assert {((1, 1, 1), False), ((1, 1, 1), True), ((1, 2, 1), False), ((2, 1, 1), True), ((1, 8, 1), False),
+            ((2, 2, 2), True)} <= kinds
+    assert [j.cluster.num_devices for j in probe_jobs(1)] == [1] * 4
+    assert sorted({j.cluster.num_devices for j in jobs}) == [1, 2, 8]  # a process each: no more
     deep = [j for j in jobs if j.model.num_zhen_layers == 4]  # matmul-heavy: pipelines contend as in sweeps
     assert {(j.parallel.pp_dp_op, j.model.tokens[0]) for j in deep} == {
-        (shape, tokens) for shape in ((4, 1, 2), (2, 1, 4), (1, 2, 4))
-        for tokens in (("ATTENTION", "LINEAR"), ("DOT", "ATTENTION", "LINEAR"))}
+        ((4, 1, 2), ("ATTENTION", "LINEAR")), ((2, 1, 4), ("DOT", "ATTENTION", "LINEAR"))}
     assert all(j.cluster.num_devices == 8 and "CONVOLUTION" not in j.model.tokens[0] for j in deep)
 
 
@@ -44,7 +39,7 @@ def test_factors_are_recovered_from_steps_the_cost_model_would_predict(truth):
     micro-benchmarks, it still fits the steps, with factors no further from 1 than the truth."""
     probed = BUILTIN["cpu"]
     assert probed.sync_traffic > 0 and probed.contention > 0
-    jobs = probe_jobs("cpu", 8)
+    jobs = probe_jobs(8)
     measured = predicted(scaled(probed, truth), jobs)
     found = fitted_factors(probed, jobs, measured, prior=0.0)
     assert set(found) == set(COMPONENTS)
@@ -58,7 +53,7 @@ def test_factors_are_recovered_from_steps_the_cost_model_would_predict(truth):
 
 
 def test_a_component_no_probe_exercises_keeps_its_micro_benchmark():
-    jobs = probe_jobs("cpu", 1)  # one device: no all-reduce, so nothing to fit "sync" to,
+    jobs = probe_jobs(1)  # one device: no all-reduce, so nothing to fit "sync" to,
     probed = BUILTIN["cpu"]
     measured = [1.3 * t for t in predicted(probed, jobs)]
     found = fitted_factors(probed, jobs, measured)
@@ -67,22 +62,29 @@ def test_a_component_no_probe_exercises_keeps_its_micro_benchmark():
 
 def test_the_shared_core_probe_times_the_probe_models_gradients_on_each_device_count():
     out = run_on_devices(2, "import json\nfrom codesign.engine.profile import speedup\n"
-                            "print(json.dumps(speedup('cpu', 1)))").stdout.strip().splitlines()[-1]
+                            "print(json.dumps(speedup(1)))").stdout.strip().splitlines()[-1]
     peak, points = json.loads(out)
     assert peak > 1e8 and [n for n, _ in points] == [1, 2]
     assert points[0][1] == 1.0 and 1.0 <= points[1][1] <= 2.5  # two devices: at worst they take turns
 
 
 def test_the_cpu_link_latency_is_one_more_array_in_a_program_reducing_many():
-    code = ("import json\nfrom codesign.engine.profile import link\n"
-            "print(json.dumps([vars(link(1, per_array=True)), vars(link(1, per_array=False))]))")
-    per_array, lone = json.loads(run_on_devices(2, code).stdout.strip().splitlines()[-1])
-    for found in (per_array, lone):
-        assert found["bandwidth"] > 1e7 and 1e-8 < found["latency"] < 1e-3
+    code = "import json\nfrom codesign.engine.profile import link\nprint(json.dumps(vars(link(1))))"
+    found = json.loads(run_on_devices(2, code).stdout.strip().splitlines()[-1])
+    assert found["bandwidth"] > 1e7 and 1e-8 < found["latency"] < 1e-3
+
+
+def test_the_fit_runs_without_jax():
+    code = ("import sys\nfrom codesign.planner.calibration import fitted_factors, probe_jobs\n"
+            "from codesign.planner.profiles import BUILTIN\n"
+            "fitted_factors(BUILTIN['cpu'], probe_jobs(1), [0.01] * 4)\nassert 'jax' not in sys.modules")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
 
 
 def test_probe_steps_on_fewer_devices_are_timed_in_a_child_that_sees_only_those():
     """The child compiles its probe steps once, then times a round each time it is asked."""
+    from codesign.engine.profile import PROBE_ROUNDS, PROBE_SECONDS, ChildProbes  # JAX: here only
+
     child = ChildProbes(1, 1)
     try:
         child.ready()  # raises unless the child saw exactly one device
@@ -91,5 +93,5 @@ def test_probe_steps_on_fewer_devices_are_timed_in_a_child_that_sees_only_those(
         child.close()
     assert child.proc.returncode == 0
     for times in rounds:
-        assert len(times) == len(probe_jobs("cpu", 1)) == 4
+        assert len(times) == len(probe_jobs(1)) == 4
         assert all(sum(t) >= PROBE_SECONDS / PROBE_ROUNDS and 0 < min(t) < 5 for t in times)

@@ -1,0 +1,146 @@
+"""The GPU profile's path (engine/profile.py: work timed inside compiled loops, sections kept in
+OUT.json.parts), run on CPU at small sizes; and measured points, as the cost model prices them."""
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+
+from codesign.planner.cost import Workload, all_gather, all_reduce, call_time, estimate
+from codesign.planner.plan import make_plan
+from codesign.planner.profiles import BUILTIN, LAYER, DeviceProfile, Link, Rate, interpolated
+from codesign.spec.types import MIXERS, ClusterSpec, Job, ModelSpec, ParallelSpec, TrainingSpec
+from tests.conftest import run_on_devices
+
+FORWARD = ((1e6, 2e-5), (1e8, 4e-5), (1e10, 2e-3))
+BACKWARD = tuple((2 * w, 2 * s) for w, s in FORWARD)
+
+
+def measured_h100() -> DeviceProfile:
+    """The built-in H100 with every rate carrying points."""
+    rates = tuple((p, tuple((k, dataclasses.replace(r, forward_points=FORWARD, backward_points=BACKWARD))
+                            for k, r in table)) for p, table in BUILTIN["H100"].rates)
+    return dataclasses.replace(BUILTIN["H100"], rates=rates, roofline=False, source="measured")
+
+
+def test_interpolation_is_log_log_between_points_and_linear_at_the_rate_past_the_largest():
+    for work, seconds in FORWARD:
+        assert interpolated(FORWARD, work, 1e12) == pytest.approx(seconds)
+    assert interpolated(FORWARD, 1e7, 1e12) == pytest.approx(np.sqrt(2e-5 * 4e-5))  # geometric midpoint
+    assert interpolated(FORWARD, 3e10, 1e13) == pytest.approx(2e-3 + 2e10 / 1e13)
+    assert 0 < interpolated(FORWARD, 1e3, 1e12) <= 2e-5  # below the smallest: never more than it
+
+
+def test_a_profile_with_points_round_trips_and_prices_by_interpolation():
+    profile = measured_h100()
+    assert DeviceProfile.from_dict(json.loads(json.dumps(profile.to_dict()))) == profile
+    rate = profile.rate("bf16", "DOT")
+    assert call_time(1e9, rate.forward, rate.overhead, 1.0, rate.forward_points) == pytest.approx(
+        interpolated(FORWARD, 1e9, rate.forward))
+    job = Job(ModelSpec(512, 160, 20, 2, (tuple(MIXERS),) * 2), ClusterSpec(1, 1, "NVLink"),
+              TrainingSpec(256, 3, precision="bf16"), ParallelSpec("one", (1,), pp_dp_op=(1, 1, 1)), 1, "gpu")
+    plan = make_plan(job)
+    with_points = estimate(Workload.of(job, profile), plan).seconds
+    lines = estimate(Workload.of(job, dataclasses.replace(profile, rates=BUILTIN["H100"].rates)), plan).seconds
+    assert with_points != pytest.approx(lines)
+
+
+def test_profiles_stored_without_points_load_and_price_as_before():
+    for profile in BUILTIN.values():
+        data = profile.to_dict()
+        assert all(set(r) == {"forward", "backward", "overhead"} for t in data["rates"].values() for r in t.values())
+        assert DeviceProfile.from_dict(json.loads(json.dumps(data))) == profile
+    rate = Rate(1e12, 8e11, 5e-5)
+    assert call_time(1e9, rate.forward, rate.overhead, 0.5, rate.forward_points) == (5e-5 + 1e-3) / 0.5
+
+
+def test_the_link_is_fitted_to_collective_times_as_the_cost_model_prices_them():
+    from codesign.engine.profile import fitted_link
+
+    truth, n = Link(3e11, 8e-6), 8
+    sizes = [2**k for k in range(20, 29, 2)]
+    found = {"all-reduce": [[s, all_reduce(s, n, truth)] for s in sizes],
+             "all-gather": [[s, all_gather(s, n, truth)] for s in sizes],
+             "reduce-scatter": [[s, all_gather(s, n, truth)] for s in sizes]}
+    link = fitted_link(found, n)
+    assert link.bandwidth == pytest.approx(truth.bandwidth, rel=1e-3)
+    assert link.latency == pytest.approx(truth.latency, rel=1e-3)
+
+
+# -- the loop-timed path on CPU (JAX) -----------------------------------------------------------
+
+@pytest.fixture
+def tiny():
+    from codesign.engine.profile import LoopSizes
+
+    return LoopSizes(64, 2**16, ((8, 2, 4),), (2, 8), (2**10, 2**12), 0.002)
+
+
+def test_loop_timing_gives_sane_positive_rates(tiny):
+    from codesign.engine.profile import GPU_LOOPS, matmul_rates, stream_bandwidth, stream_bytes
+
+    rates = matmul_rates(tiny)
+    assert set(rates) == {"fp32", "bf16"}
+    assert all(1e6 < r < 1e13 for r in rates.values()), rates
+    assert 1e6 < stream_bandwidth(tiny) < 1e13
+    assert stream_bytes(2**20) == 2**21  # read and written back
+    assert stream_bytes(GPU_LOOPS.stream) >= 2**30  # an H100's L2 is 50 MB
+
+
+def test_mixer_points_are_forward_and_backward_seconds_by_flops(tiny):
+    from codesign.engine.profile import mixer_points, points_rate
+
+    found = mixer_points("ATTENTION", "fp32", tiny)
+    forward, backward = found["forward"], found["backward"]
+    assert len(forward) == len(backward) == 2
+    assert [2 * w for w, _ in forward] == [w for w, _ in backward]  # keyed by the call's backward FLOPs
+    for points in (forward, backward):
+        assert points[0][0] < points[1][0] and 0 < points[0][1] <= points[1][1]
+    rate = points_rate(forward, backward, 1e13)
+    assert rate.forward > 0 and rate.backward > 0 and rate.overhead > 0
+
+
+def test_sections_are_saved_as_they_come_and_a_rerun_measures_only_what_is_missing(tmp_path, tiny, monkeypatch):
+    from codesign.engine import profile as engine
+
+    path = tmp_path / "p.json.parts"
+    parts = engine.Parts(path)
+    assert parts.get("matmul", lambda: {"fp32": 1e9, "bf16": 2e9}) == {"fp32": 1e9, "bf16": 2e9}
+    assert json.loads(path.read_text()) == {"matmul": {"fp32": 1e9, "bf16": 2e9}}
+    points = {"forward": [list(p) for p in FORWARD], "backward": [list(p) for p in BACKWARD]}
+    parts.data.update({"bandwidth": 1e10, "dispatch": 1e-4, "scratch": 0.5, "collectives": {},
+                       **{f"{p} {k}": points for p in ("fp32", "bf16") for k in (*MIXERS, LAYER)}})
+    del parts.data["bf16 LAYER"]
+    path.write_text(json.dumps(parts.data))
+
+    measured = []
+
+    def fake_points(kind, precision, sizes):
+        measured.append((kind, precision))
+        return points
+
+    def never(*_):
+        raise AssertionError("a section of the parts file was measured again")
+
+    monkeypatch.setattr(engine, "mixer_points", fake_points)
+    for name in ("matmul_rates", "stream_bandwidth", "dispatch_time", "update_scratch", "collective_times"):
+        monkeypatch.setattr(engine, name, never)
+    profile = engine.loop_profile(engine.Parts(path), tiny)
+    assert measured == [(LAYER, "bf16")]
+    assert "bf16 LAYER" in json.loads(path.read_text())
+    assert profile.bandwidth == 1e10 and profile.rate("bf16", LAYER).forward_points == FORWARD
+
+
+def test_collectives_are_timed_in_one_loop_over_every_local_device():
+    code = """
+        import json
+        from codesign.engine.profile import LoopSizes, collective_times, fitted_link
+        found = collective_times(LoopSizes(64, 2**16, ((8, 2, 4),), (2,), (2**12, 2**16), 0.002))
+        print(json.dumps([found, vars(fitted_link(found, 2))]))
+    """
+    found, link = json.loads(run_on_devices(2, code).stdout.strip().splitlines()[-1])
+    assert set(found) == {"all-reduce", "all-gather", "reduce-scatter"}
+    for points in found.values():
+        assert [s for s, _ in points] == [2**12, 2**16] and all(0 < t < 0.1 for _, t in points)
+    assert link["bandwidth"] > 1e6 and 1e-8 < link["latency"] < 1e-2
