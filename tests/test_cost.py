@@ -337,3 +337,48 @@ def test_contention_slows_pipelines_on_shared_cores_only():
     assert priced(single_program, busy).seconds == priced(single_program, calm).seconds
     gpu = job(per_host=4, pp_dp_op=(4, 1, 1), micro=8, num_auto_layers=4)
     assert priced(gpu, dataclasses.replace(BUILTIN["H100"], contention=0.1)).seconds == priced(gpu).seconds
+
+
+UNIFORM = ModelSpec(32, 16, 8, 4, (("ATTENTION", "LINEAR"),) * 4)  # bench_auto's "uniform" model
+
+
+def test_cpu_zero2_is_priced_as_xla_cpu_runs_it_slower_than_without():
+    """XLA:CPU runs ZeRO-2 as an all-reduce, a slice per array and one all-gather per array, each
+    as dear as that array's all-reduce: measured 1.14-1.52x the plain plan's step (dp 4, dp 8,
+    dp x op). A GPU reduce-scatters and all-gathers in combined collectives."""
+    cpu = BUILTIN["cpu"]
+    zero = (("prefer_reduce_scatter", True),)
+    for per_host, shape in ((4, (1, 4, 1)), (8, (1, 8, 1)), (8, (1, 4, 2))):
+        for micro in (1, 2):
+            kwargs = dict(model=UNIFORM, batch=8, device="cpu", per_host=per_host, pp_dp_op=shape,
+                          micro=micro)
+            plain, sharded = priced(job(**kwargs)), priced(job(**kwargs, auto_sharding_option=zero))
+            assert sharded.seconds > 1.05 * plain.seconds
+            gather, sync = sharded.communication["dp all-gather (ZeRO-2)"], plain.communication["dp all-reduce"]
+            assert gather == pytest.approx(sync)  # one rendezvous per array and the copies, as the all-reduce
+    w = Workload.of(job(model=UNIFORM, batch=8, per_host=8, pp_dp_op=(1, 8, 1)), BUILTIN["H100"])
+    nbytes = cost.stage_params(w, range(4), 1) * cost.PARAM_BYTES
+    _, gather = cost.stage_update(w, range(4), Submesh(tuple(range(8)), 8, 1), True, 8)
+    assert gather == pytest.approx(cost.all_gather(nbytes, 8, w.intra))
+    assert cpu.lockstep > 0 and BUILTIN["H100"].lockstep == 0
+
+
+@pytest.mark.parametrize("per_host, ranked", [
+    (4, [(1, 2, 2), (1, 4, 1), (1, 1, 4)]), (8, [(1, 4, 2), (1, 8, 1), (1, 2, 4)])])
+def test_op_collectives_keep_devices_in_lockstep_on_shared_cores(per_host, ranked):
+    """Measured on virtual CPU devices (interleaved, one process per device count), uniform model,
+    one micro-batch: dp 2 x op 2 < dp 4 < op 4 and dp 4 x op 2 < dp 8 < dp 2 x op 4; op's
+    collectives between computations make each op group wait for its slowest device, so the
+    more op, the more of the shared cores' time is lost. The FLOP count alone ranked op first."""
+    kwargs = dict(model=UNIFORM, batch=8, device="cpu", per_host=per_host)
+    times = [priced(job(**kwargs, pp_dp_op=shape)).seconds for shape in ranked]
+    assert times == sorted(times)
+    w = Workload.of(job(**kwargs), BUILTIN["cpu"])
+    dp_only, dp_op = (cost.stage_compute(w, range(4), Submesh(tuple(range(4)), 4 // op, op), False, 4)
+                      for op in (1, 2))
+    alone = dataclasses.replace(w, profile=dataclasses.replace(BUILTIN["cpu"], lockstep=0.0))
+    unlocked = cost.stage_compute(alone, range(4), Submesh(tuple(range(4)), 2, 2), False, 4)
+    ops = dp_op[2]["op all-reduce"] / 2
+    assert dp_op[0] - ops == pytest.approx(cost.lockstep(BUILTIN["cpu"], 2) * (unlocked[0] - ops))
+    assert dp_only[0] == cost.stage_compute(alone, range(4), Submesh(tuple(range(4)), 4, 1), False, 4)[0]
+    assert cost.lockstep(BUILTIN["H100"], 4) == 1.0  # devices of their own: op's collectives are priced as such

@@ -133,23 +133,10 @@ def choose_plan(job: Job, book: ProfileBook, links: Iterable[LinkSpec] = ()) -> 
         priced = [Candidate(p, estimate(workload, p)) for p in all_plans(job)]
     else:
         priced = dp_search(job, workload)
-    fitting = [c for c in priced if c.estimate.fits]
-    if workload.profile.shares_cores:
-        fitting = zero2_where_needed(fitting)
-    ranked = tuple(sorted(fitting, key=lambda c: c.estimate.seconds))
+    ranked = tuple(sorted((c for c in priced if c.estimate.fits), key=lambda c: c.estimate.seconds))
     if not ranked:
         raise NoPlanFits(_no_fit_message(workload, priced))
     return AutoChoice(ranked, len(priced), time.perf_counter() - start, job.cluster.num_devices_per_host)
-
-
-def zero2_where_needed(fitting: list[Candidate]) -> list[Candidate]:
-    """On virtual CPU devices, ZeRO-2 only for plans that do not fit without it: XLA:CPU runs it
-    as an all-reduce, slices and an all-gather per array, measured 1.19-1.52x slower than the
-    same plan without it (uniform model, 8 devices: dp 8; dp 2 x op 4), while the cost model
-    prices it as fast; its memory saving is what it is there for."""
-    plain = {c.plan for c in fitting if not c.plan.reduce_scatter}
-    return [c for c in fitting if not c.plan.reduce_scatter
-            or dataclasses.replace(c.plan, reduce_scatter=False) not in plain]
 
 
 # -- the space -------------------------------------------------------------------------------

@@ -21,14 +21,18 @@ from codesign.planner.profiles import (
     LAYER,
     DeviceProfile,
     Link,
+    Points,
     ProfileBook,
     cluster_links,
+    interpolated,
 )
 from codesign.planner.schedule import BACKWARD, FORWARD, dispatch_order, max_in_flight
 from codesign.spec.config import LinkSpec
 from codesign.spec.types import ClusterSpec, Job, ModelSpec
 from codesign.zhen import counts
 
+# Recorded on every attempt beside its prediction: bump it with every change to what the model predicts.
+COST_MODEL_VERSION = "2026.11.27.1"
 PARAM_BYTES = 4  # master weights, gradients and Adam's moments stay fp32 under bf16
 ADAM_TRAFFIC = 8  # param-sized arrays read or written by one update: p, g, m, v in; p, m, v, zeroed g out
 ACCUMULATE_TRAFFIC = 3  # gradient-sized arrays per accumulated micro-batch: its gradients and the sum in, the sum out
@@ -127,10 +131,11 @@ def hierarchical(collective, nbytes: float, hosts: int, per_host: int, intra: Li
     return collective(nbytes, per_host, intra, calls) + collective(nbytes / per_host, hosts, inter, calls)
 
 
-def call_time(flops: float, rate: float, overhead: float, share: float = 1.0) -> float:
-    """One call's seconds: its fixed cost plus its FLOPs at the effective rate, both slowed by
-    the share of the device's speed it gets (virtual CPU devices share cores)."""
-    return (overhead + flops / rate) / share
+def call_time(flops: float, rate: float, overhead: float, share: float = 1.0, points: Points = ()) -> float:
+    """One call's seconds: its fixed cost plus its FLOPs at the effective rate (or interpolated
+    between measured points), both slowed by the share of the device's speed it gets (virtual
+    CPU devices share cores)."""
+    return (interpolated(points, flops, rate) if points else overhead + flops / rate) / share
 
 
 def adam_time(param_bytes: float, profile: DeviceProfile, share: float = 1.0) -> float:
@@ -246,22 +251,36 @@ def stage_compute(w: Workload, layers: Sequence[int], mesh: Submesh, remat: bool
             flops = samples * (work.flops - work.sharded_flops + work.sharded_flops / split)
             traffic = samples * w.activation_bytes * _split(work, split) / (p.bandwidth * share) if p.roofline else 0
             fold = work.fold_kernel * PARAM_BYTES / mesh.op / (p.bandwidth * share)
-            fwd += call_time(flops, rate.forward, rate.overhead, share) + traffic + FOLD_FORWARD * fold
+            fwd += (call_time(flops, rate.forward, rate.overhead, share, rate.forward_points) + traffic
+                    + FOLD_FORWARD * fold)
             fixed += rate.overhead / share
-            bwd += call_time(2 * flops, rate.backward, 2 * rate.overhead, share) + 3 * traffic + FOLD_BACKWARD * fold
+            bwd += (call_time(2 * flops, rate.backward, 2 * rate.overhead, share, rate.backward_points)
+                    + 3 * traffic + FOLD_BACKWARD * fold)
             if work.sharded_flops and mesh.op > 1:
                 collective, seconds = _op_collective(w, work, samples, mesh)
                 comm[collective] += seconds
         own, rate = w.own[i], p.rate(w.precision, LAYER)
         traffic = samples * own.activations * w.activation_bytes / (p.bandwidth * share)
-        fwd += call_time(samples * own.flops, rate.forward, rate.overhead, share) + traffic
+        fwd += call_time(samples * own.flops, rate.forward, rate.overhead, share, rate.forward_points) + traffic
         fixed += rate.overhead / share
-        bwd += call_time(2 * samples * own.flops, rate.backward, rate.overhead, share) + 3 * traffic
+        bwd += call_time(2 * samples * own.flops, rate.backward, rate.overhead, share,
+                         rate.backward_points) + 3 * traffic
+    slow = lockstep(p, mesh.op) if any(comm.values()) else 1.0
+    fwd, bwd, fixed = slow * fwd, slow * bwd, slow * fixed
     fwd += comm["op all-reduce"] / 2 + comm["op all-gather"] / 2
     bwd += comm["op all-reduce"] / 2 + comm["op all-gather"] / 2
     if remat:  # the backward recomputes the forward; on CPU inside its own program: no fixed costs again
         bwd += fwd - (fixed if p.platform == "cpu" else 0.0)
     return fwd, bwd, comm
+
+
+def lockstep(p: DeviceProfile, op: int) -> float:
+    """How much longer a stage's compute takes when its devices meet at op's collectives between
+    its computations, on cores they share: each op group waits at every one for its slowest
+    device, so the devices cannot fill each other's stalls as independent ones do (dp 2 x op 2
+    against dp 4, and dp 4 x op 2, dp 2 x op 4 against dp 8, on virtual CPU devices). Devices of
+    their own (GPUs) lose nothing here; their collectives are priced as such."""
+    return 1.0 + p.lockstep * (op - 1) if p.shares_cores else 1.0
 
 
 def program_overheads(w: Workload, layers: Sequence[int], busy: int) -> float:
@@ -301,28 +320,46 @@ def gradient_sync(w: Workload, layers: Sequence[int], mesh: Submesh, zero: bool,
     """The gradient collective over dp (or over op when the batch is on op): once per step where
     the plan syncs once (Plan.syncs_once), else at the end of each micro-batch's backward (one
     all-reduce of all the gradients: XLA's combiner makes it a single tuple all-reduce). Under
-    ZeRO-2 a GPU reduce-scatters; XLA:CPU all-reduces there too and each device keeps its shard. XLA:CPU also
-    copies (and transposes) the gradients around its all-reduce: profile.sync_traffic of them
-    through the memory system every busy device shares."""
+    ZeRO-2 a GPU reduce-scatters; XLA:CPU all-reduces there too, then slices each array to the
+    device's shard (read and written through the shared memory). XLA:CPU also copies (and
+    transposes) the gradients around its all-reduce: profile.sync_traffic of them through the
+    memory system every busy device shares."""
     nbytes = stage_params(w, layers, mesh.op) * PARAM_BYTES
     group = mesh.dp_group if mesh.batch_axis == "dp" else mesh.op_group
     calls = w.collective_calls(layers)
-    if zero and mesh.batch_axis == "dp" and w.profile.platform != "cpu":
+    sharded = zero and mesh.batch_axis == "dp" and mesh.dp > 1
+    if sharded and w.profile.combines_collectives:
         return "dp reduce-scatter", w.collective(reduce_scatter, nbytes, group, calls)
     seconds = w.collective(all_reduce, nbytes, group, calls)
     if len(group) > 1:
-        seconds += w.profile.sync_traffic * nbytes / (w.profile.bandwidth * w.profile.memory_share(busy))
+        seconds += _copies(w, w.profile.sync_traffic * nbytes, busy)
+    if sharded:
+        seconds += _copies(w, 2 * nbytes / mesh.dp, busy)
     return f"{mesh.batch_axis} all-reduce", seconds
+
+
+def _copies(w: Workload, nbytes: float, busy: int) -> float:
+    """Seconds to move nbytes through the memory system, each of `busy` devices at its share."""
+    return nbytes / (w.profile.bandwidth * w.profile.memory_share(busy))
 
 
 def stage_update(w: Workload, layers: Sequence[int], mesh: Submesh, zero: bool,
                  busy: int) -> tuple[float, float]:
-    """Adam's step on the stage: (seconds, of which the ZeRO-2 parameter all-gather)."""
+    """Adam's step on the stage: (seconds, of which the ZeRO-2 parameter all-gather). Under ZeRO-2
+    each device updates its shard and the parameters are all-gathered over dp: one combined
+    collective on a GPU; on XLA:CPU one per array, each a rendezvous of its devices as dear as
+    that array's all-reduce (2 to 8 virtual devices: 0.7-1.6x its time per array), with the
+    same copies through the shared memory."""
     param_bytes = stage_params(w, layers, mesh.op) * PARAM_BYTES
     share = w.profile.memory_share(busy)
     if not zero or mesh.dp == 1:
         return adam_time(param_bytes, w.profile, share), 0.0
-    gather = w.collective(all_gather, param_bytes, mesh.dp_group, w.collective_calls(layers))
+    calls = w.collective_calls(layers)
+    if w.profile.combines_collectives:
+        gather = w.collective(all_gather, param_bytes, mesh.dp_group, calls)
+    else:
+        gather = (w.collective(all_reduce, param_bytes, mesh.dp_group, calls)
+                  + _copies(w, w.profile.sync_traffic * param_bytes, busy))
     return adam_time(param_bytes / mesh.dp, w.profile, share) + gather, gather
 
 
