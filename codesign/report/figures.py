@@ -209,3 +209,39 @@ def plain(label: str, limit: int = 80) -> str:
     short = label if len(label) <= limit else label[:limit - 3] + "..."
     return short.replace("$", r"\$")
 
+
+
+def codesign_frontier(ranking: pd.DataFrame) -> Figure:
+    """Per cluster: every candidate's parameters against its predicted samples/s (grey), the
+    Pareto frontier coloured by predicted memory per device."""
+    keys = list(dict.fromkeys(zip(ranking["cluster"], ranking["micro_batches"])))[:MAX_PANELS]
+    with matplotlib.rc_context(STYLE):
+        figure = Figure(figsize=(WIDTH, 3.2 * len(keys)), layout="constrained")
+        for ax, (cluster, micro) in zip(figure.subplots(len(keys), 1, squeeze=False)[:, 0], keys):
+            rows = ranking[ranking["cluster"].eq(cluster) & ranking["micro_batches"].eq(micro)]
+            fit = rows[rows["predicted_samples_per_s"].notna()]
+            on = fit[fit["pareto"].eq(1)].sort_values("params")
+            ax.scatter(fit["params"] / 1e6, fit["predicted_samples_per_s"], s=2, color="#b8c0cc", rasterized=True)
+            ax.plot(on["params"] / 1e6, on["predicted_samples_per_s"], color="#d62728", lw=1)
+            dots = ax.scatter(on["params"] / 1e6, on["predicted_samples_per_s"], s=22, zorder=3,
+                              c=on["predicted_memory_gib"], cmap="viridis")
+            figure.colorbar(dots, ax=ax, label="predicted GiB per device")
+            ax.set(xlabel="parameters (millions)", ylabel="predicted samples/s")
+            ax.set_title(f"{plain(cluster)}, {micro} micro-batches: {len(fit):,} candidates that fit, "
+                         f"{len(on)} on the frontier", loc="left")
+    return figure
+
+
+def codesign_measured(ranking: pd.DataFrame) -> Figure:
+    """Predicted against measured samples/s of the candidates `--run-top` ran, a colour per cluster."""
+    ran = ranking[ranking["measured_samples_per_s"].notna()]
+    with matplotlib.rc_context(STYLE):
+        figure = Figure(figsize=(WIDTH / 2, 4.8), layout="constrained")
+        ax = figure.subplots()
+        for cluster, rows in ran.groupby("cluster", sort=True):
+            ax.scatter(rows["measured_samples_per_s"], rows["predicted_samples_per_s"], s=16, label=plain(cluster))
+        low, high = _span(ran["measured_samples_per_s"], ran["predicted_samples_per_s"])
+        ax.plot([low, high], [low, high], color="black", lw=1, label="y = x")
+        ax.set(xlabel="measured samples/s", ylabel="predicted samples/s", xlim=(low, high), ylim=(low, high))
+        ax.legend(loc="upper left", fontsize=7)
+    return figure

@@ -25,7 +25,7 @@ from codesign.store.database import Store
 
 Column = tuple[str, str, Callable[[Any], str]]  # header, frame column, formatter
 FIGURES = ("throughput", "speedup", "predicted", "energy", "compile_vs_step", "failures", "simulated",
-           "auto_search")  # PNG names; those of an earlier report in the same folder are removed first
+           "auto_search", "codesign", "codesign_measured")  # PNG names; those of an earlier report in the same folder are removed first
 KINDS = {False: "measured", True: SIMULATED}  # the `simulated` flag, in words
 OPEN_GROUPS = 8  # ranked tables shown unfolded; the rest fold (<details>)
 
@@ -58,6 +58,19 @@ SPEEDUP_COLUMNS: list[Column] = [
     ("precision", "precision", fmt.text), ("best plan", "plan", fmt.text), ("samples/s", "score", fmt.number),
     ("data-parallel plan", "dp_plan", fmt.text), ("DP samples/s", "dp_score", fmt.number),
     ("speedup", "speedup", fmt.ratio)]
+
+CODESIGN_COLUMNS: list[Column] = [
+    ("cluster", "cluster", fmt.text), ("micro-batches", "micro_batches", fmt.integer), ("rank", "rank", fmt.integer),
+    ("model", "model", fmt.text), ("parameters", "params", fmt.number),
+    ("predicted samples/s", "predicted_samples_per_s", fmt.number),
+    ("predicted GiB/device", "predicted_memory_gib", fmt.number), ("plan", "plan", fmt.text),
+    ("measured samples/s", "measured_samples_per_s", fmt.number)]
+AGREEMENT_COLUMNS: list[Column] = [
+    ("cluster", "cluster", fmt.text), ("micro-batches", "micro_batches", fmt.integer), ("runs", "runs", fmt.integer),
+    ("Spearman", "spearman", fmt.number), ("predicted best, measured samples/s", "predicted_best_measured", fmt.number),
+    ("measured best samples/s", "measured_best", fmt.number), ("predicted best / measured best", "best_ratio",
+                                                                fmt.percent)]
+CODESIGN_NEEDS = sorted({c for _, c, _ in CODESIGN_COLUMNS} | {"pareto", "predicted_samples_per_s"})
 
 SUMMARY_CSV = {"kind": "kind", "model": "model", "cluster": "cluster", "plan": "plan",
                "global_batch": "global_batch", "precision": "precision", "throughput": "score",
@@ -108,7 +121,9 @@ class Written:
 class Report:
     """Builds the sections of one DB's report, writing each figure's PNG into `out` as it goes."""
 
-    def __init__(self, rows: list[dict[str, Any]], out: Path):
+    def __init__(self, rows: list[dict[str, Any]], out: Path, ranking: pd.DataFrame | None = None,
+                 ranking_path: str = ""):
+        self.codesign, self.codesign_path = ranking, ranking_path  # `codesign search --rank`'s CSV, if any
         self.frame = attempts_frame(rows)
         self.plans = plans(self.frame)
         self.measured = self.plans[~self.plans["simulated"]]
@@ -119,7 +134,8 @@ class Report:
     def sections(self) -> list[Section]:
         return [self.overview(), self.best_section(), self.ranking(), self.throughput_section(),
                 self.speedup_section(), self.predictions_section(), self.energy_section(),
-                self.compile_section(), self.failures_section(), self.simulated_section(), self.auto_section()]
+                self.compile_section(), self.failures_section(), self.simulated_section(), self.auto_section(),
+                self.codesign_section()]
 
     def image(self, name: str, figure: Figure, alt: str) -> Image:
         assert name in FIGURES, name
@@ -289,6 +305,33 @@ class Report:
                                               ("manual samples/s", "score_manual", fmt.number),
                                               ("auto / manual", "ratio", fmt.ratio)])])
 
+    def codesign_section(self) -> Section:
+        note = ("`codesign search --rank`: every candidate model of equal capacity (parameters within the "
+                "tolerance of the base) ranked by its best plan's predicted samples/s on each cluster. The "
+                "Pareto frontier holds the candidates no other beats on both parameters and samples/s; with "
+                "--run-top, the winners' measured samples/s against the prediction (Spearman's rho, and the "
+                f"predicted best's measured samples/s over the measured best). From {self.codesign_path or '-'}.")
+        title = "Co-design"
+        if self.codesign is None:
+            return Section("codesign", title, note, "No co-design ranking: run `codesign search --rank -c CONFIG` "
+                           "(it writes codesign_rank.csv) and pass its CSV with --codesign (default: "
+                           "codesign_rank.csv beside the DB).")
+        frontier = tables.codesign_frontier(self.codesign)
+        if frontier.empty:
+            return Section("codesign", title, note, "No candidate of the ranking fits any plan; the CSV's "
+                           "`reason` column says why.")
+        images = [self.image("codesign", figures.codesign_frontier(self.codesign),
+                             "parameters against predicted samples/s, Pareto frontier in colour")]
+        shown = [_table(frontier, CODESIGN_COLUMNS)]
+        agree = tables.codesign_agreement(self.codesign)
+        if agree.empty:
+            note += " No winner was measured (run with --run-top N)."
+        else:
+            images.append(self.image("codesign_measured", figures.codesign_measured(self.codesign),
+                                     "predicted against measured samples/s of the winners run"))
+            shown.insert(0, _table(agree, AGREEMENT_COLUMNS))
+        return Section("codesign", title, note, images=images, tables=shown)
+
     def no_auto(self) -> str:
         auto = self.frame[self.frame["auto"] & ~self.frame["simulated"]]
         if auto.empty:
@@ -348,8 +391,26 @@ def _environment() -> jinja2.Environment:
                               lstrip_blocks=True)
 
 
-def write_report(db: str | Path, out: str | Path) -> Written:
-    """Read every attempt of `db`, write report.html, the figures' PNGs, summary.csv and plans.csv."""
+def read_ranking(path: str | Path | None, db: str | Path) -> tuple[pd.DataFrame | None, str]:
+    """The co-design CSV: `path`, else codesign_rank.csv beside the DB when there; (None, "") without."""
+    found = Path(path) if path else Path(db).resolve().parent / "codesign_rank.csv"
+    if not found.exists():
+        if path:
+            raise StoreError(f"{path}: no co-design CSV here; `codesign search --rank --csv {path}` writes it")
+        return None, ""
+    try:
+        ranking = pd.read_csv(found)
+    except (ValueError, pd.errors.ParserError) as err:
+        raise StoreError(f"{found}: not a co-design CSV: {err}") from None
+    missing = [c for c in CODESIGN_NEEDS if c not in ranking.columns]
+    if missing:
+        raise StoreError(f"{found}: not a co-design CSV of `codesign search --rank`: no column {missing[0]!r}")
+    return ranking, str(found)
+
+
+def write_report(db: str | Path, out: str | Path, codesign: str | Path | None = None) -> Written:
+    """Read every attempt of `db` (and the co-design CSV), write report.html, the figures' PNGs,
+    summary.csv and plans.csv."""
     if not Path(db).exists():
         raise StoreError(f"{db}: no results DB here; run codesign first (or pass -d PATH)")
     store = Store(db, read_only=True)
@@ -361,7 +422,7 @@ def write_report(db: str | Path, out: str | Path) -> Written:
     out.mkdir(parents=True, exist_ok=True)
     for name in FIGURES:
         (out / f"{name}.png").unlink(missing_ok=True)
-    report = Report(rows, out)
+    report = Report(rows, out, *read_ranking(codesign, db))
     sections = report.sections()
     html = _environment().get_template("report.html.j2").render(
         db=str(db), sections=sections,

@@ -139,3 +139,22 @@ def sweep_summary(rows: list[dict]) -> str:
     left = {c: f"{{:<{max(len(c), shown[c].str.len().max()) + 1}}}".format for c in shown.columns}
     return "\n".join(line.rstrip() for line in
                      shown.to_string(index=False, justify="left", formatters=left).splitlines())
+
+
+def codesign_frontier(ranking: pd.DataFrame) -> pd.DataFrame:
+    """The co-design CSV's Pareto frontier per cluster and micro-batch count, most parameters first."""
+    on = ranking[ranking["pareto"].eq(1)]
+    return on.sort_values(["cluster", "micro_batches", "params"], ascending=[True, True, False], kind="stable")
+
+
+def codesign_agreement(ranking: pd.DataFrame) -> pd.DataFrame:
+    """Per cluster and micro-batch count where `--run-top` measured candidates: how the prediction
+    ranked them (codesign.planner.codesign.agreement)."""
+    from codesign.planner.codesign import agreement
+
+    ran = ranking[ranking["measured_samples_per_s"].notna()]
+    rows = [{"cluster": cluster, "micro_batches": micro,
+             **agreement(group["predicted_samples_per_s"].tolist(), group["measured_samples_per_s"].tolist())}
+            for (cluster, micro), group in ran.groupby(["cluster", "micro_batches"], sort=False)]
+    return pd.DataFrame(rows, columns=["cluster", "micro_batches", "runs", "spearman", "predicted_best_measured",
+                                       "measured_best", "best_ratio"]).dropna(subset=["runs"])

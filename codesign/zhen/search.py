@@ -142,7 +142,7 @@ def block_layer_params(block: Block, base: ModelSpec) -> tuple[int, list[np.ndar
     return shared, vectors
 
 
-def _digits(index: np.ndarray, radices: list[int]) -> Iterator[tuple[int, np.ndarray]]:
+def digits(index: np.ndarray, radices: list[int]) -> Iterator[tuple[int, np.ndarray]]:
     """(layer, digit) of flat indices in mixed radix, from the last layer (the fastest) back.
 
     A generator, so that a caller summing over layers holds one digit array at a time.
@@ -156,7 +156,7 @@ def block_params(block: Block, base: ModelSpec, start: int, stop: int) -> np.nda
     """Parameter counts of the block's candidates start..stop-1."""
     shared, vectors = block_layer_params(block, base)
     total = np.full(stop - start, shared, dtype=np.int64)
-    for layer, digit in _digits(np.arange(start, stop, dtype=np.int64), [len(v) for v in vectors]):
+    for layer, digit in digits(np.arange(start, stop, dtype=np.int64), [len(v) for v in vectors]):
         total += vectors[layer][digit]
     return total
 
@@ -164,12 +164,12 @@ def block_params(block: Block, base: ModelSpec, start: int, stop: int) -> np.nda
 def decode(block: Block, index: int, base: ModelSpec) -> ModelSpec:
     """The model of one flat index in a block; mixers in the order of the kinds."""
     rows = [multisets(n, len(block.kinds)) for n in block.layers]
-    digits = dict(_digits(np.array(index, dtype=np.int64), [len(r) for r in rows]))
-    tokens = tuple(_layer_tokens(block.kinds, rows[i][digits[i]]) for i in range(len(rows)))
+    found = dict(digits(np.array(index, dtype=np.int64), [len(r) for r in rows]))
+    tokens = tuple(layer_tokens(block.kinds, rows[i][found[i]]) for i in range(len(rows)))
     return ModelSpec(base.num_features, base.emb_dim, base.output_per_emb, len(tokens), tokens)
 
 
-def _layer_tokens(kinds: tuple[str, ...], multiplicities: np.ndarray) -> tuple[str, ...]:
+def layer_tokens(kinds: tuple[str, ...], multiplicities: np.ndarray) -> tuple[str, ...]:
     return tuple(kind for kind, count in zip(kinds, multiplicities.tolist()) for _ in range(count))
 
 
@@ -191,6 +191,19 @@ def _masks(block: Block, group: Group, base: ModelSpec, base_params: int
 
 def _depth_passes(block: Block, group: Group) -> bool:
     return group.layers is None or group.layers == len(block.layers)
+
+
+def similar(search: Search) -> Iterator[tuple[Block, np.ndarray, np.ndarray]]:
+    """(block, flat indices, parameter counts) of every candidate within --param-tolerance of the
+    base, after the space-wide filters, block by block in space order: `codesign search --rank`
+    takes them all (no draw)."""
+    base_params, group = counts.param_count(search.base), search.groups[0]
+    for block in space_blocks(search):
+        for start, mask in _masks(block, group, search.base, base_params):
+            hits = np.flatnonzero(mask)
+            if hits.size:
+                index = hits + start
+                yield block, index, block_params(block, search.base, start, start + len(mask))[hits]
 
 
 def count_passing(block: Block, group: Group, base: ModelSpec, base_params: int) -> int:

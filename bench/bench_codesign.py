@@ -1,0 +1,115 @@
+"""Co-design search: the time to rank the default space, and how well the ranking predicts real runs.
+
+Goals (issue 23): the 79,705 equal-capacity candidates of the default space ranked on simulated
+H100 clusters of 8, 16 and 64 GPUs (bench/plan_sim.toml) in at most 60 s on 2 cores; on 4 virtual
+CPU devices, the predicted ranking of small candidates against their measured one (every
+candidate run): Spearman at least 0.8, the predicted best within 10% of the measured best.
+Prints figures; asserts nothing. Run it under `flock /tmp/codesign-bench.lock`.
+
+    python bench/bench_codesign.py              # both parts
+    python bench/bench_codesign.py --part time  # the ranking time only
+    python bench/bench_codesign.py --part cpu   # the CPU runs only (a few minutes)
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+CPU_CONFIG = """
+[training_spec]
+avg_batch_size_per_device = 64
+num_iters = 20
+min_measured_seconds = 2.0
+
+[[model]]
+num_features = 32
+emb_dim = 16
+output_per_emb = 4
+num_zhen_layers = 1
+tokens = ["DOT"]
+
+[[cluster_spec]]
+num_hosts = 1
+num_devices_per_host = 4
+transport = "NVLink"
+platform = "cpu"
+
+[[parallel_spec]]
+description = "Auto search"
+num_micro_batches = [1]
+"""
+# Every one-layer model of 4 mixers over three kinds (15), at small widths; the tolerance keeps them all.
+CPU_SPACE = ["--base-features", "32", "--base-emb-dim", "16", "--base-output-per-emb", "4", "--slots", "4",
+             "--max-layers", "1", "--param-tolerance", "1", "--base-tokens", "DOT,LINEAR,ATTENTION,LINEAR"]
+
+
+def time_default() -> None:
+    """Rank the default space on bench/plan_sim.toml, in process, one cluster at a time."""
+    from codesign.cli import build_search_parser
+    from codesign.planner import codesign
+    from codesign.planner.profiles import ProfileBook
+    from codesign.spec.config import load_config
+    from codesign.zhen import search
+
+    config = load_config(REPO / "bench" / "plan_sim.toml")
+    query = search.search_from_args(build_search_parser().parse_args([]))
+    start = time.perf_counter()
+    found = codesign.candidates(query)
+    print(f"candidates: {len(found):,} in {time.perf_counter() - start:.2f} s")
+    total = time.perf_counter() - start
+    for target in codesign.targets(config, lambda cluster: "sim"):
+        began = time.perf_counter()
+        ranking = codesign.rank_target(target, config.training, ProfileBook(), config.links, found, codesign.DEFAULT_TOP)
+        seconds = time.perf_counter() - began
+        total += seconds
+        best = int(ranking.top(1)[0])
+        print(f"{target.describe()}: {seconds:.2f} s, {int(ranking.searched.sum())} searched in full; best "
+              f"{found.model(best).summary()} at {ranking.global_batch / ranking.seconds[best]:,.0f} samples/s "
+              f"({ranking.plans[best]})")
+    print(f"ranking time, {len(found):,} candidates on 3 clusters: {total:.1f} s (goal: at most 60 s)")
+
+
+def cpu_runs(keep: Path | None) -> None:
+    """`codesign search --rank --run-top ALL` on 4 virtual CPU devices; the rankings side by side."""
+    folder = keep or Path(tempfile.mkdtemp(prefix="codesign-bench-"))
+    folder.mkdir(parents=True, exist_ok=True)
+    config, table = folder / "cpu.toml", folder / "rank.csv"
+    config.write_text(CPU_CONFIG)
+    env = {**os.environ, "CODESIGN_PROFILE": os.environ.get("CODESIGN_PROFILE", "builtin")}
+    command = [sys.executable, "-m", "codesign", "search", "--rank", "-c", str(config), "-d",
+               str(folder / "results.db"), "--csv", str(table), "--run-top", "100", *CPU_SPACE]
+    start = time.perf_counter()
+    proc = subprocess.run(command, cwd=folder, env=env, capture_output=True, text=True, check=False)
+    print(f"search --rank --run-top: exit {proc.returncode} in {time.perf_counter() - start:.0f} s ({folder})")
+    print("\n".join(line for line in proc.stderr.splitlines() if line.startswith("codesign:")))
+    with open(table, newline="") as f:
+        rows = [r for r in csv.DictReader(f) if r["measured_samples_per_s"]]
+    measured = sorted(rows, key=lambda r: -float(r["measured_samples_per_s"]))
+    place = {r["model"]: i for i, r in enumerate(measured, 1)}
+    print(f"{'predicted rank':>14} {'measured rank':>13} {'predicted/s':>12} {'measured/s':>11}  model, plan")
+    for r in sorted(rows, key=lambda r: int(r["rank"])):
+        print(f"{r['rank']:>14} {place[r['model']]:>13} {float(r['predicted_samples_per_s']):>12,.0f} "
+              f"{float(r['measured_samples_per_s']):>11,.0f}  {r['model']}, {r['plan']}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--part", choices=("time", "cpu", "both"), default="both")
+    parser.add_argument("--keep", type=Path, help="Folder for the CPU part's config, DB and CSV (default: a temp one).")
+    args = parser.parse_args()
+    if args.part in ("time", "both"):
+        time_default()
+    if args.part in ("cpu", "both"):
+        cpu_runs(args.keep)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,179 @@
+"""`codesign search --rank`: the fast pass is Auto search's answer, pruning changes no winner, the
+TOML loads, a candidate that fits nothing says why, the report's Co-design section is the CSV's."""
+
+import contextlib
+import hashlib
+import io
+import re
+
+import numpy as np
+import pandas as pd
+import pytest
+from scipy.stats import spearmanr
+
+from codesign.cli import build_search_parser, main
+from codesign.planner import codesign
+from codesign.planner.auto import choose_plan
+from codesign.planner.profiles import ProfileBook
+from codesign.spec.config import load_config
+from codesign.spec.types import AUTO_SEARCH, ClusterSpec, ParallelSpec, TrainingSpec
+from codesign.store.database import Store
+from codesign.zhen import search
+from tests.test_report import Page
+
+SMALL = ["--base-features", "32", "--base-emb-dim", "16", "--base-output-per-emb", "4", "--slots", "3",
+         "--max-layers", "3", "--param-tolerance", "1"]
+CONFIG = """
+[training_spec]
+avg_batch_size_per_device = {batch}
+num_iters = 5
+
+[[model]]
+num_features = 32
+emb_dim = 16
+output_per_emb = 4
+num_zhen_layers = 1
+tokens = ["DOT"]
+
+[[cluster_spec]]
+num_hosts = 1
+num_devices_per_host = 4
+transport = "NVLink"
+platform = "sim"
+device = "{device}"
+
+[[parallel_spec]]
+description = "Auto search"
+num_micro_batches = [2]
+num_auto_layers = {groups}
+"""
+
+
+def cli(*args: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(list(args))
+    return code, out.getvalue(), err.getvalue()
+
+
+def config_file(tmp_path, batch: int = 16, device: str = "H100", groups: int = 1):
+    path = tmp_path / "config.toml"
+    path.write_text(CONFIG.format(batch=batch, device=device, groups=groups))
+    return path
+
+
+def query(*flags: str) -> search.Search:
+    return search.search_from_args(build_search_parser().parse_args([*SMALL, *flags]))
+
+
+@pytest.mark.parametrize("cluster", [ClusterSpec(1, 8, "NVLink", "sim", "H100"), ClusterSpec(2, 4, "EFAx4", "sim", "A100"),
+                                     ClusterSpec(1, 4, "NVLink", "sim", "cpu")])
+@pytest.mark.parametrize("micro", [1, 2])
+def test_the_fast_pass_is_auto_searchs_answer_for_one_layer_group(cluster, micro):
+    training, book = TrainingSpec(32, 5), ProfileBook()
+    found = codesign.candidates(query("--slots", "4", "--max-layers", "2"))
+    target = codesign.Target(cluster, "sim", ParallelSpec(AUTO_SEARCH, (micro,)), micro)
+    ranking = codesign.rank_target(target, training, book, (), found, top=3)
+    for c in range(len(found)):
+        best = choose_plan(target.job(found.model(c), training), book).best()
+        assert ranking.seconds[c] == pytest.approx(best.estimate.seconds, rel=1e-9)
+        assert abs(ranking.memory[c] - best.estimate.peak_bytes) <= 1
+        assert ranking.bound[c] <= best.estimate.seconds * (1 + 1e-9)
+
+
+def test_pruning_keeps_the_unpruned_winners(tmp_path):
+    config = load_config(config_file(tmp_path, batch=1024, device="cpu", groups=2))
+    _, pruned = codesign.rank(query(), config, ProfileBook(), lambda c: "sim", top=3)
+    _, full = codesign.rank(query(), config, ProfileBook(), lambda c: "sim", top=3, prune=False)
+    (pruned,), (full,) = pruned, full
+    assert pruned.searched.sum() < full.searched.sum()
+    assert list(pruned.top(3)) == list(full.top(3))
+    assert np.allclose(pruned.seconds[pruned.top(3)], full.seconds[full.top(3)])
+    assert [pruned.plans[c] for c in pruned.top(3)] == [full.plans[c] for c in full.top(3)]
+    assert np.all(pruned.seconds >= full.seconds * (1 - 1e-9))  # a pruned candidate keeps a real plan's time
+
+
+def test_the_toml_loads_as_a_config_and_the_csv_holds_every_candidate(tmp_path):
+    path = config_file(tmp_path)
+    code, stdout, stderr = cli("search", "--rank", "-c", str(path), "-d", str(tmp_path / "none.db"),
+                               "--csv", str(tmp_path / "rank.csv"), "--top", "4", *SMALL)
+    assert code == 0, stderr
+    (tmp_path / "ranked.toml").write_text(re.sub(r"\[\[model\]\].*?tokens = \[\"DOT\"\]\n", "", path.read_text(), flags=re.DOTALL) + stdout)
+    models = load_config(tmp_path / "ranked.toml").models
+    table = pd.read_csv(tmp_path / "rank.csv")
+    best = table.sort_values("rank").head(4)
+    assert [m.summary() for m in models] == list(best["model"])
+    assert len(table) == len(codesign.candidates(query())) and "rank.csv" in stderr
+    assert "# rank 1: " in stdout and f"plan: {best['plan'].iloc[0]}" in stdout
+    again = cli("search", "--rank", "-c", str(path), "-d", str(tmp_path / "none.db"),
+                "--csv", str(tmp_path / "again.csv"), "--top", "4", *SMALL)
+    assert again[1] == stdout and (tmp_path / "again.csv").read_text() == (tmp_path / "rank.csv").read_text()
+
+
+def test_a_candidate_that_fits_nothing_says_why(tmp_path):
+    path = config_file(tmp_path, batch=4_000_000, device="cpu", groups=2)
+    code, _, stderr = cli("search", "--rank", "-c", str(path), "--csv", str(tmp_path / "rank.csv"),
+                          "-d", str(tmp_path / "none.db"), *SMALL)
+    assert code == 0, stderr
+    table = pd.read_csv(tmp_path / "rank.csv")
+    one_layer = table[table["num_zhen_layers"].eq(1)]
+    assert (one_layer["reason"] == "num_auto_layers = 2 layer groups, but the model has only 1 layers").all()
+    deeper = table[table["num_zhen_layers"].gt(1)]
+    assert deeper["reason"].str.startswith("no plan fits: the smallest predicted peak is").all()
+    assert table["rank"].isna().all() and table["predicted_samples_per_s"].isna().all()
+
+
+def test_pareto_marks_what_nothing_beats_on_both():
+    params = np.array([10, 20, 20, 30, 5, 30.0])
+    speed = np.array([5, 4, 6, 1, 9, np.nan])
+    assert codesign.pareto(params, speed).tolist() == [False, False, True, True, True, False]
+
+
+def test_the_report_section_is_the_csvs(tmp_path):
+    path = config_file(tmp_path)
+    code, _, stderr = cli("search", "--rank", "-c", str(path), "-d", str(tmp_path / "none.db"),
+                          "--csv", str(tmp_path / "rank.csv"), *SMALL)
+    assert code == 0, stderr
+    table = pd.read_csv(tmp_path / "rank.csv")
+    ran = table.sort_values("rank").head(6).index
+    table.loc[ran, "measured_samples_per_s"] = table.loc[ran, "predicted_samples_per_s"] * [1, 1.1, 0.7, 0.8, 0.5, 0.6]
+    table.to_csv(tmp_path / "rank.csv", index=False)
+    Store(tmp_path / "r.db").close()
+    code, _, stderr = cli("report", "-d", str(tmp_path / "r.db"), "-o", str(tmp_path / "out"),
+                          "--codesign", str(tmp_path / "rank.csv"))
+    assert code == 0, stderr
+    page = Page((tmp_path / "out" / "report.html").read_text())
+    section = page.sections["codesign"]
+    assert not section["empty"] and len(section["images"]) == 2
+    (agree,) = page.rows("codesign", 0)
+    rho = spearmanr(table.loc[ran, "predicted_samples_per_s"], table.loc[ran, "measured_samples_per_s"]).statistic
+    assert float(agree["Spearman"]) == pytest.approx(rho, abs=1e-3) and agree["runs"] == "6"
+    best = table.loc[ran, "measured_samples_per_s"]
+    assert agree["predicted best / measured best"] == f"{100 * best.iloc[0] / best.max():.1f}%"
+    frontier = page.rows("codesign", 1)
+    assert [r["model"] for r in frontier] == list(table[table["pareto"].eq(1)].sort_values("params", ascending=False)["model"])
+
+
+def test_a_report_without_a_ranking_says_why(tmp_path):
+    Store(tmp_path / "r.db").close()
+    code, _, stderr = cli("report", "-d", str(tmp_path / "r.db"), "-o", str(tmp_path / "out"))
+    assert code == 0, stderr
+    empty = Page((tmp_path / "out" / "report.html").read_text()).sections["codesign"]["empty"]
+    assert "codesign search --rank" in empty
+    code, _, stderr = cli("report", "-d", str(tmp_path / "r.db"), "--codesign", str(tmp_path / "no.csv"))
+    assert code == 2 and "no.csv" in stderr
+
+
+@pytest.mark.parametrize("flags, digest", [
+    ((), "b29a8cd487e7ca50deea350dc6b1ccb70adc910375ff7874a5671c0cebe04204"),
+    (("--seed", "3", "--num-layers", "2"), "93db305b4fed47d225114cf7e1e16a7a86febae983207ff290313d4f5fea15f4")])
+def test_search_model_prints_what_it_printed_before(flags, digest):
+    code, stdout, _ = cli("--search-model", *flags)
+    assert code == 0 and hashlib.sha256(stdout.encode()).hexdigest() == digest
+
+
+def test_run_top_must_not_be_negative(tmp_path):
+    code, _, stderr = cli("search", "--rank", "-c", str(config_file(tmp_path)), "--run-top", "-1", *SMALL)
+    assert code == 2 and "--run-top" in stderr
+
+
