@@ -3,28 +3,41 @@
     python bench/bench_step.py                                  # small model on whatever JAX finds (CPU here)
     python bench/bench_step.py --model seed --batch 1024 4096   # the seed model (a GPU job)
     python bench/bench_step.py --model small --batch 8 --steps 1 --precision fp32   # smoke run
+    python bench/bench_step.py --model seed --batch 1024 --precision bf16 --trace DIR --recompile
 
 Rows per precision and batch: `project` (the step codesign runs), `project-fold` (with
 fold_dot, the DOT mixer over the Gram's upper blocks; --fold) and `reference`
 (reference_step.py: jax.numpy from DESIGN.md, optax.adam, one jit), then project/reference.
 TFLOP/s are model FLOPs (3x the analytical forward, DOT over all F_in^2 pairs); peak memory
-and compile time come from the compiled program. --hlo adds the optimized HLO's op counts
-(fusions, gathers, transposes, copies, dots). Prints figures, asserts nothing.
+and compile time (lowering and XLA compilation) come from the compiled program. --hlo adds the
+optimized HLO's op counts (fusions, gathers, transposes, copies, dots). --trace DIR traces a few
+more steps of each row with jax.profiler into DIR/<row>_<precision>_<batch> and prints its kernel
+table (kernel_table.py). --recompile compiles each row's step again in a fresh process reading the
+same persistent compilation cache (--cache, or a fresh temporary one, so the first compile is
+cold) and prints that compile's time and the cache's hits. Prints figures, asserts nothing.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import subprocess
+import sys
+import tempfile
 import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import kernel_table
 import numpy as np
 import reference_step
 
 from codesign.engine import programs
-from codesign.engine.job import build_training, train_steps
+from codesign.engine.job import build_training, configure_jax
 from codesign.planner.plan import make_plan
 from codesign.spec.types import ClusterSpec, Job, ModelSpec, ParallelSpec, TrainingSpec
 from codesign.zhen import counts, network
@@ -34,43 +47,109 @@ MODELS = {
     "small": ModelSpec(128, 32, 8, 4, (("ATTENTION", "LINEAR", "ATTENTION", "DOT"),) * 4),
 }
 WARMUP = 2
+TRACE_STEPS = 5  # at most, after the timed ones: enough to see every kernel, few enough to read the trace
+STEP_NAME = "bench_step"  # the StepTraceAnnotation that marks a traced step
+ROWS = ("project", "project-fold", "reference")
 
 
-def _job(model: ModelSpec, batch: int, precision: str, steps: int, fold: bool) -> Job:
+def _job(model: ModelSpec, batch: int, precision: str, fold: bool) -> Job:
+    """A one-device job of the model (its num_iters is not read: this script runs its own steps)."""
     platform = jax.devices()[0].platform
     return Job(model, ClusterSpec(1, 1, "NVLink", platform),
-               TrainingSpec(batch, steps + WARMUP, precision=precision, fold_dot=fold),
+               TrainingSpec(batch, WARMUP, precision=precision, fold_dot=fold),
                ParallelSpec("single device", (1,), 1, False, (1, 1, 1)), 1, platform)
 
 
+def _median_step(run: Callable[[], None], steps: int) -> float:
+    """Median wall time of `steps` synchronised steps after the warm-up ones."""
+    times = []
+    for _ in range(WARMUP + steps):
+        start = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - start)
+    return float(np.median(times[WARMUP:]))
+
+
+def project_training(model: ModelSpec, batch: int, precision: str, fold: bool) -> programs.Training:
+    job = _job(model, batch, precision, fold)
+    return build_training(job, make_plan(job))
+
+
 def bench_project(model: ModelSpec, batch: int, precision: str, steps: int, fold: bool) -> dict:
-    job = _job(model, batch, precision, steps, fold)
-    training = build_training(job, make_plan(job))
-    train_steps(training, WARMUP)
-    _, times = train_steps(training, steps)
-    return {"step_s": float(np.median(times)), "compile_s": training.compile_time,
+    training = project_training(model, batch, precision, fold)
+
+    def run() -> None:
+        loss = training.step()
+        jax.block_until_ready((training.params(), loss))
+
+    return {"step_s": _median_step(run, steps), "compile_s": training.compile_time, "run": run,
             "peak": training.memory.get("peak"), "ops": programs.compiled_op_counts(training.compiled)}
 
 
-def bench_reference(model: ModelSpec, batch: int, precision: str, steps: int) -> dict:
-    dtype = programs.DTYPES[precision]
-    optimizer, step = reference_step.make_step(model, 1e-3, dtype)
+def reference_program(model: ModelSpec, batch: int, precision: str) -> tuple[Callable, list, float]:
+    """The reference step compiled, its (params, opt_state, x, y), and its compile time."""
+    optimizer, step = reference_step.make_step(model, 1e-3, programs.DTYPES[precision])
     params = jax.jit(lambda k: nn.meta.unbox(network.init_params(model, k)))(jax.random.key(0))
-    opt_state = optimizer.init(params)
     kx, ky = jax.random.split(jax.random.key(1))
     x = jax.random.normal(kx, (batch, model.emb_dim, model.num_features), jnp.float32)
     y = jax.random.normal(ky, (batch, counts.output_width(model)), jnp.float32)
+    args = [params, optimizer.init(params), x, y]
     start = time.perf_counter()
-    compiled = step.lower(params, opt_state, x, y).compile()
-    compile_s = time.perf_counter() - start
-    times = []
-    for i in range(WARMUP + steps):
-        start = time.perf_counter()
-        params, opt_state, loss = compiled(params, opt_state, x, y)
-        jax.block_until_ready((params, loss))
-        times.append(time.perf_counter() - start)
-    return {"step_s": float(np.median(times[WARMUP:])), "compile_s": compile_s,
+    compiled = step.lower(*args).compile()
+    return compiled, args, time.perf_counter() - start
+
+
+def bench_reference(model: ModelSpec, batch: int, precision: str, steps: int) -> dict:
+    compiled, args, compile_s = reference_program(model, batch, precision)
+
+    def run() -> None:
+        args[0], args[1], loss = compiled(*args)
+        jax.block_until_ready((args[0], loss))
+
+    return {"step_s": _median_step(run, steps), "compile_s": compile_s, "run": run,
             "peak": programs.compiled_memory(compiled).get("peak"), "ops": programs.compiled_op_counts(compiled)}
+
+
+def bench_row(row: str, model: ModelSpec, batch: int, precision: str, steps: int) -> dict:
+    if row == "reference":
+        return bench_reference(model, batch, precision, steps)
+    return bench_project(model, batch, precision, steps, row == "project-fold")
+
+
+def compile_seconds(row: str, model: ModelSpec, batch: int, precision: str) -> float:
+    """Lowering and compiling one row's step (what the row's `compile s` column measures)."""
+    if row == "reference":
+        return reference_program(model, batch, precision)[2]
+    return project_training(model, batch, precision, row == "project-fold").compile_time
+
+
+def compile_only(row: str, model_name: str, batch: int, precision: str, cache_dir: str) -> dict:
+    """The --compile-only child: one compile through the persistent cache and what the cache did."""
+    configure_jax(cache_dir)
+    events: Counter = Counter()
+    jax.monitoring.register_event_listener(lambda event, **_: events.update([event]))
+    seconds = compile_seconds(row, MODELS[model_name], batch, precision)
+    return {"compile_s": seconds, "cache_hits": events["/jax/compilation_cache/cache_hits"],
+            "cache_requests": events["/jax/compilation_cache/compile_requests_use_cache"]}
+
+
+def recompile(row: str, model_name: str, batch: int, precision: str, cache_dir: str) -> dict:
+    """The row's step compiled again in a fresh process on the same persistent cache."""
+    command = [sys.executable, str(Path(__file__).resolve()), "--compile-only", row, "--model", model_name,
+               "--batch", str(batch), "--precision", precision, "--cache", cache_dir]
+    done = subprocess.run(command, check=False, capture_output=True, text=True)
+    if done.returncode:
+        raise RuntimeError(f"the second compile of {row} failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def trace_table(run: Callable[[], None], log_dir: Path, steps: int) -> kernel_table.KernelTable:
+    """Trace `steps` annotated steps into log_dir and read the kernel table back from the trace."""
+    with jax.profiler.trace(str(log_dir)):
+        for i in range(steps):
+            with jax.profiler.StepTraceAnnotation(STEP_NAME, step_num=i):
+                run()
+    return kernel_table.build_table(kernel_table.load_trace(log_dir), STEP_NAME)
 
 
 def _row(name: str, model: ModelSpec, precision: str, batch: int, r: dict, hlo: bool) -> str:
@@ -81,7 +160,7 @@ def _row(name: str, model: ModelSpec, precision: str, batch: int, r: dict, hlo: 
     return text + ("  " + " ".join(f"{k}={v}" for k, v in r["ops"].items()) if hlo else "")
 
 
-def main() -> None:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", choices=sorted(MODELS), default="small")
     parser.add_argument("--batch", type=int, nargs="+", help="samples per step (default 1024 seed, 256 small)")
@@ -89,25 +168,58 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=10, help="timed steps, after 2 warm-up steps")
     parser.add_argument("--fold", action="store_true", help="also time the project step with fold_dot")
     parser.add_argument("--hlo", action="store_true", help="print the optimized HLO's op counts")
-    args = parser.parse_args()
+    parser.add_argument("--trace", metavar="DIR", help=f"trace up to {TRACE_STEPS} more steps of each row into "
+                        "DIR and print their kernel table")
+    parser.add_argument("--recompile", action="store_true",
+                        help="compile each row again in a fresh process from the persistent cache")
+    parser.add_argument("--cache", metavar="DIR", help="persistent compilation cache (default with --recompile: "
+                        "a fresh temporary directory)")
+    parser.add_argument("--compile-only", choices=ROWS, help=argparse.SUPPRESS)
+    return parser
+
+
+def report_row(row: str, args: argparse.Namespace, batch: int, precision: str, cache_dir: str | None) -> float:
+    """Bench one row and print it, its second compile and its kernel table; its step seconds.
+    Nothing of the row outlives the call: the next row compiles and runs on a free device."""
+    model = MODELS[args.model]
+    r = bench_row(row, model, batch, precision, args.steps)
+    print(_row(row, model, precision, batch, r, args.hlo), flush=True)
+    if args.recompile:
+        again = recompile(row, args.model, batch, precision, cache_dir)
+        print(f"# {row} {precision} batch {batch}: compile {r['compile_s']:.2f} s, again in a fresh process "
+              f"from the persistent cache {again['compile_s']:.2f} s ({again['cache_hits']} cache hits of "
+              f"{again['cache_requests']} requests)", flush=True)
+    if args.trace:
+        table = trace_table(r["run"], Path(args.trace) / f"{row}_{precision}_{batch}", min(args.steps, TRACE_STEPS))
+        print(kernel_table.format_table(table, f"{row} {precision} batch {batch}"), flush=True)
+    return r["step_s"]
+
+
+def bench(args: argparse.Namespace, cache_dir: str | None) -> None:
+    rows = [r for r in ROWS if r != "project-fold" or args.fold]
+    for precision in args.precision:
+        for batch in args.batch or [1024 if args.model == "seed" else 256]:
+            step_s = {row: report_row(row, args, batch, precision, cache_dir) for row in rows}
+            print(f"# {precision} batch {batch}: project/reference {step_s['reference'] / step_s['project']:.2f}x "
+                  f"in samples/s", flush=True)
+
+
+def main() -> None:
+    args = _parser().parse_args()
+    if args.compile_only:
+        print(json.dumps(compile_only(args.compile_only, args.model, args.batch[0], args.precision[0], args.cache)))
+        return
+    cache_dir = args.cache or (tempfile.mkdtemp(prefix="bench-step-jax-cache-") if args.recompile else None)
+    configure_jax(cache_dir)  # before the first compile: JAX decides once per process whether to use the cache
     model = MODELS[args.model]
     device = jax.devices()[0]
     print(f"# {args.model}: {model.summary()}, {counts.param_count(model):,} parameters, "
           f"{counts.train_flops_per_sample(model) / 1e9:.3f} GFLOP per sample; "
-          f"{device.platform} {device.device_kind}, jax {jax.__version__}")
+          f"{device.platform} {device.device_kind}, jax {jax.__version__}"
+          + (f"; persistent compilation cache {cache_dir}" if cache_dir else ""))
     print(f"{'step':>12} {'precision':>9} {'batch':>6} {'step ms':>9} {'samples/s':>11} {'TFLOP/s':>8} "
           f"{'peak MiB':>9} {'compile s':>9}")
-    for precision in args.precision:
-        for batch in args.batch or [1024 if args.model == "seed" else 256]:
-            project = bench_project(model, batch, precision, args.steps, False)
-            print(_row("project", model, precision, batch, project, args.hlo), flush=True)
-            if args.fold:
-                print(_row("project-fold", model, precision, batch,
-                           bench_project(model, batch, precision, args.steps, True), args.hlo), flush=True)
-            reference = bench_reference(model, batch, precision, args.steps)
-            print(_row("reference", model, precision, batch, reference, args.hlo), flush=True)
-            print(f"# {precision} batch {batch}: project/reference {reference['step_s'] / project['step_s']:.2f}x "
-                  f"in samples/s", flush=True)
+    bench(args, cache_dir)
 
 
 if __name__ == "__main__":

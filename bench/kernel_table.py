@@ -1,0 +1,155 @@
+"""Where a step's device time goes, read from a jax.profiler trace: top kernels, shares by kind,
+idle time between kernels and launches per step.
+
+Pure Python over the Chrome-trace JSON that `jax.profiler.trace(DIR)` writes next to its XPlane
+(DIR/plugins/profile/<run>/<host>.trace.json.gz), so a trace fetched from a GPU machine can be
+read anywhere. Kernels are, in order of preference: the events on a device's CUDA streams
+(process "/device:GPU:N", threads "Stream #N(...)"), a device's "XLA Ops" line (TPU), or the
+XLA:CPU runtime's thunks (host events carrying an `hlo_op`). Steps are the windows of
+`jax.profiler.StepTraceAnnotation(step_name)`. A step's wall time splits into kernels busy (covered
+by at least one kernel), idle between its first and last kernel (launch gaps between small kernels)
+and the time before its first and after its last kernel (dispatch and synchronisation).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import re
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+# First match wins: collectives before "reduce" (reduce-scatter), matmuls before fusion (gemm_fusion).
+KINDS = (
+    ("collectives", (r"nccl|all-reduce|all-gather|reduce-scatter|all-to-all|collective-permute"
+                     r"|allreduce|allgather|reducescatter|all_reduce|all_gather|reduce_scatter")),
+    ("matmul", r"gemm|cublas|cutlass|nvjet|xmma|cudnn|dot|matmul|convolution|ynn_|xnn_|onednn"),
+    ("gather/scatter", r"gather|scatter"),
+    ("reduction", r"reduce"),
+    ("copy/transpose", r"transpose|copy|memcpy|memset"),
+    ("fusion", (r"fusion|loop_|wrapped_|^(add|subtract|multiply|divide|convert|broadcast|concatenate"
+                r"|slice|pad|select|exponential|maximum|minimum|negate|compare|bitcast|iota)\b")),
+)
+OTHER = "other"
+# Thread-name prefix of a device's kernel lines -> the source named in the table, preferred first.
+DEVICE_LINES = {"Stream": "device streams", "XLA Ops": "device's XLA Ops line"}
+HOST = "host thunks (XLA:CPU)"
+_PATTERNS = tuple((kind, re.compile(pattern, re.IGNORECASE)) for kind, pattern in KINDS)
+
+
+def classify(name: str) -> str:
+    """The kind of a kernel or XLA op, from its name (XLA names fusions after their leading ops)."""
+    return next((kind for kind, pattern in _PATTERNS if pattern.search(name)), OTHER)
+
+
+@dataclass
+class KernelTable:
+    source: str  # where the kernels were found: one of DEVICE_LINES' values or HOST
+    steps: int
+    kernels: dict[str, tuple[float, int]]  # name -> (total us, calls) over all steps
+    busy_us: float  # wall time covered by at least one kernel, over all steps
+    span_us: float  # from each step's first kernel's start to its last kernel's end, summed
+    wall_us: float  # the steps' wall time (or the kernels' span without step annotations)
+
+    @property
+    def device_us(self) -> float:
+        return sum(us for us, _ in self.kernels.values())
+
+    def by_kind(self) -> dict[str, tuple[float, int]]:
+        """Kind -> (total us, calls), every kind listed, OTHER last."""
+        kinds = {kind: [0.0, 0] for kind, _ in KINDS} | {OTHER: [0.0, 0]}
+        for name, (us, calls) in self.kernels.items():
+            total = kinds[classify(name)]
+            total[0] += us
+            total[1] += calls
+        return {kind: (us, calls) for kind, (us, calls) in kinds.items()}
+
+
+def load_trace(log_dir: str | Path) -> dict:
+    """The newest run's trace JSON under a jax.profiler log directory."""
+    found = sorted(Path(log_dir).glob("plugins/profile/*/*.trace.json.gz"), key=lambda p: p.stat().st_mtime)
+    if not found:
+        raise FileNotFoundError(f"no plugins/profile/*/*.trace.json.gz under {log_dir}")
+    with gzip.open(found[-1], "rt") as f:
+        return json.load(f)
+
+
+def _names(events: list[dict]) -> tuple[dict, dict]:
+    """Process names by pid and thread names by (pid, tid), from the trace's metadata events."""
+    processes = {e["pid"]: e["args"]["name"] for e in events if e.get("ph") == "M" and e.get("name") == "process_name"}
+    threads = {(e["pid"], e.get("tid")): e["args"]["name"] for e in events
+               if e.get("ph") == "M" and e.get("name") == "thread_name"}
+    return processes, threads
+
+
+def kernel_events(trace: dict) -> tuple[str, list[dict]]:
+    """Where the trace's kernels are and their events: a device's streams, else its XLA Ops line,
+    else the XLA:CPU thunks (a GPU trace without CUPTI's device events would fall back to host
+    events: the source says so)."""
+    events = trace.get("traceEvents", [])
+    processes, threads = _names(events)
+    complete = [e for e in events if e.get("ph") == "X" and "dur" in e]
+    on_device = [e for e in complete if processes.get(e["pid"], "").startswith("/device:")]
+    for line, source in DEVICE_LINES.items():
+        found = [e for e in on_device if threads.get((e["pid"], e.get("tid")), "").startswith(line)]
+        if found:
+            return source, found
+    return HOST, [e for e in complete if "hlo_op" in e.get("args", {})]
+
+
+def step_windows(trace: dict, step_name: str) -> list[tuple[float, float]]:
+    """(start, end) in us of each StepTraceAnnotation(step_name) in the trace, in time order."""
+    return sorted((e["ts"], e["ts"] + e["dur"]) for e in trace.get("traceEvents", [])
+                  if e.get("ph") == "X" and e.get("name") == step_name and "step_num" in e.get("args", {}))
+
+
+def covered_us(intervals: list[tuple[float, float]]) -> float:
+    """Length of the union of intervals: kernels on several streams or threads overlap."""
+    total, reach = 0.0, float("-inf")
+    for start, end in sorted(intervals):
+        if end > reach:
+            total += end - max(start, reach)
+            reach = end
+    return total
+
+
+def build_table(trace: dict, step_name: str) -> KernelTable:
+    """Aggregate the kernels that start inside the annotated steps (all kernels, as one step,
+    where the trace has no such annotation)."""
+    source, kernels = kernel_events(trace)
+    windows = step_windows(trace, step_name)
+    if not windows and kernels:
+        windows = [(min(e["ts"] for e in kernels), max(e["ts"] + e["dur"] for e in kernels))]
+    totals: dict[str, list] = defaultdict(lambda: [0.0, 0])
+    busy = span = 0.0
+    for start, end in windows:
+        inside = [(e["name"], e["ts"], min(e["ts"] + e["dur"], end)) for e in kernels if start <= e["ts"] < end]
+        for name, ts, stop in inside:
+            totals[name][0] += stop - ts
+            totals[name][1] += 1
+        busy += covered_us([(ts, stop) for _, ts, stop in inside])
+        span += max((stop for *_, stop in inside), default=0.0) - min((ts for _, ts, _ in inside), default=0.0)
+    return KernelTable(source, len(windows), {k: (us, n) for k, (us, n) in totals.items()}, busy, span,
+                       sum(end - start for start, end in windows))
+
+
+def format_table(table: KernelTable, title: str, top: int = 15) -> str:
+    """The table as printed: per-step totals, shares by kind, then the top kernels by device time."""
+    steps, device = max(table.steps, 1), table.device_us or 1.0
+    lines = [f"## kernels: {title}: {table.steps} steps traced, kernels from the {table.source}",
+             (f"launches per step {sum(n for _, n in table.kernels.values()) / steps:.0f}; per step: "
+              f"wall {table.wall_us / steps / 1e3:.3f} ms = kernels busy {table.busy_us / steps / 1e3:.3f} ms "
+              f"+ idle between kernels {(table.span_us - table.busy_us) / steps / 1e3:.3f} ms "
+              f"+ before the first and after the last kernel {(table.wall_us - table.span_us) / steps / 1e3:.3f} ms; "
+              f"kernel time (summed over streams) {table.device_us / steps / 1e3:.3f} ms"),
+             f"{'kind':<16} {'ms/step':>9} {'share':>7} {'launches/step':>14}"]
+    for kind, (us, calls) in table.by_kind().items():
+        lines.append(f"{kind:<16} {us / steps / 1e3:>9.3f} {100 * us / device:>6.1f}% {calls / steps:>14.1f}")
+    lines.append(f"{'kernel':<60} {'ms/step':>9} {'share':>7} {'calls/step':>11} kind")
+    ranked = sorted(table.kernels.items(), key=lambda item: -item[1][0])[:top]
+    for name, (us, calls) in ranked:
+        short = name if len(name) <= 60 else name[:57] + "..."
+        lines.append(f"{short:<60} {us / steps / 1e3:>9.3f} {100 * us / device:>6.1f}% {calls / steps:>11.1f} "
+                     f"{classify(name)}")
+    return "\n".join(lines)

@@ -1,0 +1,123 @@
+"""The kernel table of bench/bench_step.py --trace: classification and aggregation on hand-written
+traces in the Chrome trace format (the GPU path without a GPU), and a real CPU trace of the small
+model's step, with its second compile from the persistent cache."""
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench import kernel_table
+
+REPO = Path(__file__).resolve().parents[1]
+STEP = "bench_step"
+
+
+@pytest.mark.parametrize("name, kind", [
+    ("nvjet_sm90_tst_128x160_64x5_2x1_v_bz_NNT", "matmul"),
+    ("void cutlass::Kernel2<cutlass_80_tensorop_bf16_s16816gemm_bf16_128x256_32x3_tn_align2>(...)", "matmul"),
+    ("gemm_fusion_dot_314", "matmul"),
+    ("ynn_fusion.153", "matmul"),
+    ("dot.132", "matmul"),
+    ("ncclDevKernel_AllReduce_Sum_f32_RING_LL", "collectives"),
+    ("all-reduce-start.3", "collectives"),
+    ("input_reduce_select_fusion_1", "reduction"),
+    ("multiply_reduce_fusion.4", "reduction"),
+    ("input_transpose_fusion_12", "copy/transpose"),
+    ("wrapped_transpose_5", "copy/transpose"),
+    ("copy.695", "copy/transpose"),
+    ("MemcpyD2D", "copy/transpose"),
+    ("loop_gather_fusion_3", "gather/scatter"),
+    ("loop_add_fusion_1", "fusion"),
+    ("wrapped_convert", "fusion"),
+    ("multiply_add_fusion.324", "fusion"),
+    ("concatenate.3", "fusion"),
+    ("custom-call.7", "other"),
+])
+def test_classify_by_kernel_name(name, kind):
+    assert kernel_table.classify(name) == kind
+
+
+def _meta(pid, name, tid=None):
+    if tid is None:
+        return {"ph": "M", "pid": pid, "name": "process_name", "args": {"name": name}}
+    return {"ph": "M", "pid": pid, "tid": tid, "name": "thread_name", "args": {"name": name}}
+
+
+def _x(pid, tid, name, ts, dur, **args):
+    return {"ph": "X", "pid": pid, "tid": tid, "name": name, "ts": ts, "dur": dur, "args": args}
+
+
+def gpu_trace() -> dict:
+    """Two annotated 100 us steps on one GPU, kernels on two streams; the device's derived XLA Ops
+    line and the host's thunk events must not be counted again, nor a kernel outside the steps."""
+    events = [_meta(1, "/host:CPU"), _meta(1, "python", 10), _meta(2, "/device:GPU:0"),
+              _meta(2, "Stream #13(Compute)", 13), _meta(2, "Stream #14(Compute)", 14), _meta(2, "XLA Ops", 99)]
+    for step, t0 in enumerate((0.0, 100.0)):
+        events += [_x(1, 10, STEP, t0, 100.0, step_num=str(step)),
+                   _x(1, 10, "loop_add_fusion", t0 + 1, 2.0, hlo_op="loop_add_fusion"),  # host launch
+                   _x(2, 13, "nvjet_sm90_tst_128x160", t0 + 10, 40.0, hlo_op="custom-call.1"),
+                   _x(2, 14, "ncclDevKernel_AllReduce_Sum_f32", t0 + 30, 30.0),  # overlaps the matmul
+                   _x(2, 13, "loop_add_fusion_1", t0 + 70, 10.0),
+                   _x(2, 13, "input_reduce_fusion", t0 + 85, 10.0),
+                   _x(2, 99, "fusion.1", t0 + 10, 80.0)]
+    events.append(_x(2, 13, "loop_add_fusion_1", 500.0, 10.0))
+    return {"displayTimeUnit": "ns", "traceEvents": events}
+
+
+def test_gpu_trace_table_from_device_streams():
+    table = kernel_table.build_table(gpu_trace(), STEP)
+    assert table.source == "device streams" and table.steps == 2
+    assert table.kernels["loop_add_fusion_1"] == (20.0, 2)  # the one after the steps is left out
+    kinds = table.by_kind()
+    assert kinds["matmul"] == (80.0, 2) and kinds["collectives"] == (60.0, 2)
+    assert kinds["fusion"] == (20.0, 2) and kinds["reduction"] == (20.0, 2) and kinds["other"] == (0.0, 0)
+    assert table.device_us == 180.0
+    assert table.busy_us == 2 * (50.0 + 10.0 + 10.0)  # 10..60 covered once although two streams overlap
+    assert (table.span_us, table.wall_us) == (2 * 85.0, 200.0)  # first kernel at +10, last ends at +95
+    text = kernel_table.format_table(table, "hand-written")
+    assert "launches per step 4;" in text and "idle between kernels 0.015 ms" in text
+    assert "before the first and after the last kernel 0.015 ms" in text
+    assert re.search(r"^matmul\s+0\.040\s+44\.4%\s+1\.0$", text, re.MULTILINE)
+
+
+def test_cpu_trace_table_from_thunks_without_step_annotations():
+    events = [_meta(1, "/host:CPU"), _meta(1, "tf_XLAEigen/1", 3),
+              _x(1, 3, "dot.1", 0.0, 6.0, hlo_op="dot.1"), _x(1, 3, "end: dot.1", 6.0, 0.1),
+              _x(1, 3, "copy.2", 8.0, 2.0, hlo_op="copy.2")]
+    table = kernel_table.build_table({"traceEvents": events}, STEP)
+    assert table.source == kernel_table.HOST and table.steps == 1
+    assert table.kernels == {"dot.1": (6.0, 1), "copy.2": (2.0, 1)}
+    assert (table.busy_us, table.span_us, table.wall_us) == (8.0, 10.0, 10.0)
+
+
+def _kind_shares(text: str) -> dict[str, float]:
+    kinds = "|".join(re.escape(k) for k, _ in kernel_table.KINDS) + "|" + kernel_table.OTHER
+    row = re.compile(rf"^({kinds})\s+[\d.]+\s+([\d.]+)%\s+[\d.]+$", re.MULTILINE)
+    return {m[1]: float(m[2]) for m in row.finditer(text)}
+
+
+def test_bench_step_trace_and_cached_compile_on_cpu(tmp_path):
+    """Two traced steps of the small model per row: a kernel table whose shares add up, and a
+    second compile in a fresh process that hits the persistent cache and is faster."""
+    done = subprocess.run([sys.executable, "bench/bench_step.py", "--model", "small", "--batch", "4", "--steps", "2",
+                           "--precision", "fp32", "--trace", str(tmp_path / "trace"), "--recompile",
+                           "--cache", str(tmp_path / "cache")],
+                          check=False, cwd=REPO, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    assert done.returncode == 0, done.stderr[-4000:]
+    tables = done.stdout.split("## kernels: ")[1:]
+    assert [t.split(":")[0] for t in tables] == ["project fp32 batch 4", "reference fp32 batch 4"]
+    for table in tables:
+        assert "2 steps traced" in table
+        shares = _kind_shares(table)
+        assert len(shares) == len(kernel_table.KINDS) + 1 and abs(sum(shares.values()) - 100) < 0.5
+        assert shares["matmul"] > 0 and int(re.search(r"launches per step (\d+)", table)[1]) > 0
+    assert list((tmp_path / "trace" / "project_fp32_4").glob("plugins/profile/*/*.trace.json.gz"))
+    first, again, hits = map(float, re.search(r"# project fp32 batch 4: compile ([\d.]+) s, again in a fresh "
+                                              r"process from the persistent cache ([\d.]+) s \((\d+) cache hits",
+                                              done.stdout).groups())
+    assert hits >= 1 and again < first
