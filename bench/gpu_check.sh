@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# The one prepared GPU check (device tool), about 6 minutes, each part under its own timeout, the
+# The one prepared GPU check (device tool), 6-9 minutes, each part under its own timeout, the
 # most important first so that a cut-short run still shows them:
 #  0. `codesign profile`: its wall time (target <= 60 s), matmul rates per precision, HBM bandwidth;
 #     kept in the profile cache, so parts 3 and 4 are priced by this measured profile;
 #  1. the step bench on the seed model: project, project with fold_dot, plain reference;
 #     bf16 and fp32, batch 1024 and 4096; compile times; optimized-HLO op counts;
+#     1b. the kernel table of the bf16 batch-1024 step from a jax.profiler trace, and its second
+#     compile from the persistent cache;
 #  3. bench/gpu_cost.toml (the seed model and a second model of other widths and mixers, one GPU)
 #     through the real CLI at bf16 and fp32, batch 1024 and 4096, into one fresh DB;
 #  4. the cost model's error on those results (bench/bench_cost_model.py; target: median <= 10%).
@@ -21,12 +23,12 @@ export PYTHONUNBUFFERED=1 XDG_CACHE_HOME="$out/cache"
 if [ -n "${GPU_CHECK_SMOKE:-}" ]; then
   bench=(--model small --batch 8 --steps 1 --precision fp32)
   platform=cpu batches="8" precisions="fp32"
-  t_profile=300 t_bench=900 t_cli=900 t_cost=120
+  t_profile=300 t_bench=900 t_kernels=300 t_cli=900 t_cost=120
 else
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
   bench=(--model seed --batch 1024 4096 --precision bf16 fp32 --steps 20 --fold --hlo)
   platform=gpu batches="1024 4096" precisions="bf16 fp32"
-  t_profile=120 t_bench=160 t_cli=200 t_cost=20
+  t_profile=90 t_bench=160 t_kernels=120 t_cli=150 t_cost=20
 fi
 
 echo "## 0. codesign profile"
@@ -41,7 +43,7 @@ echo "## 1b. kernel table (jax.profiler trace, 5 steps) and second compile from 
 kernels=(--model seed --batch 1024 --precision bf16 --steps 10)
 [ -n "${GPU_CHECK_SMOKE:-}" ] && kernels=(--model small --batch 8 --precision bf16 --steps 2)
 trace=$(mktemp -d)  # outside $OUT: its files lie too deep to come back; the project's trace JSON is copied
-timeout 150 "$py" bench/bench_step.py "${kernels[@]}" --trace "$trace" --recompile 2>&1 | tee "$out/kernels_bf16_1024.txt"
+timeout $t_kernels "$py" bench/bench_step.py "${kernels[@]}" --trace "$trace" --recompile 2>&1 | tee "$out/kernels_bf16_1024.txt"
 cp "$trace"/project_*/plugins/profile/*/*.trace.json.gz "$out/kernels_bf16_1024.trace.json.gz"
 
 echo "## 3. bench/gpu_cost.toml through the CLI: precisions $precisions, batches $batches"

@@ -79,6 +79,7 @@ def run_config(tmp_path, config: str) -> dict:
     return row
 
 
+@pytest.mark.slow
 def test_an_auto_search_job_runs_its_chosen_plan_and_matches_the_reference(tmp_path):
     row = run_config(tmp_path, CONFIG)
     assert row["status"] == "succeeded", row["error"]
@@ -104,6 +105,7 @@ def test_an_auto_search_job_runs_its_chosen_plan_and_matches_the_reference(tmp_p
     assert abs(configs["losses"][0] - result["ref"][0]) < 1e-5 and abs(configs["losses"][1] - result["ref"][1]) < 1e-5
 
 
+@pytest.mark.slow
 def test_two_trials_are_measured_and_the_fastest_runs(tmp_path):
     row = run_config(tmp_path, CONFIG + "auto_trials = 2\n")
     assert row["status"] == "succeeded", row["error"]

@@ -60,6 +60,7 @@ def test_a_component_no_probe_exercises_keeps_its_micro_benchmark():
     assert found["sync"] == found["contention"] == 1.0  # nor a pipeline to fit "contention" to
 
 
+@pytest.mark.slow
 def test_the_shared_core_probe_times_the_probe_models_gradients_on_each_device_count():
     out = run_on_devices(2, "import json\nfrom codesign.engine.profile import speedup\n"
                             "print(json.dumps(speedup(1)))").stdout.strip().splitlines()[-1]
@@ -81,6 +82,7 @@ def test_the_fit_runs_without_jax():
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
 
 
+@pytest.mark.slow
 def test_probe_steps_on_fewer_devices_are_timed_in_a_child_that_sees_only_those():
     """The child compiles its probe steps once, then times a round each time it is asked."""
     from codesign.engine.profile import PROBE_ROUNDS, PROBE_SECONDS, ChildProbes  # JAX: here only

@@ -66,6 +66,7 @@ def default_sweep(tmp_path_factory):
     return cwd, proc, time.monotonic() - start
 
 
+@pytest.mark.slow
 def test_default_command_runs_the_default_config(default_sweep):
     cwd, proc, seconds = default_sweep
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -82,6 +83,7 @@ def test_default_command_runs_the_default_config(default_sweep):
     print(f"default command, 2 jobs: {seconds:.1f} s")
 
 
+@pytest.mark.slow
 def test_rerun_attempts_nothing(default_sweep):
     cwd, _, _ = default_sweep
     proc = run_cli(cwd=cwd)
@@ -103,6 +105,7 @@ def path_without_sqlite3(tmp_path) -> str:
     return str(bin_dir)
 
 
+@pytest.mark.slow
 def test_exports_open_in_pandas_with_the_original_columns(default_sweep, tmp_path):
     cwd, _, _ = default_sweep
     env = {**os.environ, "PATH": path_without_sqlite3(tmp_path)}
@@ -133,6 +136,7 @@ def assert_summary(stderr: str, cells: list[str]) -> None:
         at = row.index(cell, at) + len(cell)
 
 
+@pytest.mark.slow
 def test_retry_failed_reruns_only_the_failed(tmp_path):
     (tmp_path / "c.toml").write_text(SMALL_CONFIG)
     proc = run_cli("-c", "c.toml", cwd=tmp_path)
@@ -190,6 +194,7 @@ def test_run_sh_stops_on_a_config_error(tmp_path):
     assert "restart" not in proc.stderr
 
 
+@pytest.mark.slow
 def test_precision_is_recorded_on_every_attempt(tmp_path):
     text = SMALL_CONFIG.replace("num_iters = 3", 'num_iters = 3\nprecision = "bf16"').replace("[1, 3]", "[1]")
     (tmp_path / "c.toml").write_text(text)
@@ -236,6 +241,7 @@ def test_no_warning_where_nvidia_smi_lists_no_gpu(tmp_path):
     assert "2 jobs: 2 run" in proc.stdout  # auto: virtual CPU devices
 
 
+@pytest.mark.slow
 def test_plan_and_the_sweep_price_every_job_of_the_default_config_alike(default_sweep):
     """`codesign plan` resolves platforms ("auto": virtual CPU devices on this machine) and
     profiles exactly as the sweep does: the same predicted_time for every job."""

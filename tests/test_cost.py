@@ -242,6 +242,7 @@ def test_the_dot_as_defined_has_no_fold_terms_and_the_block_fold_is_priced_as_it
     assert scratch[1] >= 2 * dot_folded.fold_kernel / 2 * cost.PARAM_BYTES > scratch[0] / 10
 
 
+@pytest.mark.slow
 def test_gradients_are_all_reduced_once_per_step_after_the_micro_batches():
     """The compiled pp = 1 step of dp = 2 with 2 micro-batches: one combined all-reduce of the
     gradients, after the accumulation loop, none inside it (XLA left alone put it inside, once

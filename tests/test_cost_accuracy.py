@@ -9,6 +9,8 @@ import importlib.util
 import json
 import sqlite3
 
+import pytest
+
 from tests.conftest import REPO, run_cli
 
 CONFIG = """
@@ -65,6 +67,7 @@ def bench_cost_model():
     return module
 
 
+@pytest.mark.slow
 def test_a_cpu_sweep_is_predicted_within_bounds(tmp_path):
     """With the built-in cpu profile (this machine's measurement; measuring again would take
     most of the test's time): every attempt records a prediction before it compiles."""

@@ -51,6 +51,7 @@ def statuses(db) -> list[str]:
         conn.close()
 
 
+@pytest.mark.slow
 def test_orchestrator_killed_at_random_moments_loses_nothing_and_orphans_nothing(tmp_path):
     rng = random.Random(10)
     for trial in range(4):

@@ -100,6 +100,7 @@ def _kind_shares(text: str) -> dict[str, float]:
     return {m[1]: float(m[2]) for m in row.finditer(text)}
 
 
+@pytest.mark.slow
 def test_bench_step_trace_and_cached_compile_on_cpu(tmp_path):
     """Two traced steps of the small model per row: a kernel table whose shares add up, and a
     second compile in a fresh process that hits the persistent cache and is faster."""

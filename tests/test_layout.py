@@ -41,6 +41,7 @@ def pure_modules() -> list[str]:
     return modules + list(PURE_MODULES)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("module", pure_modules())
 def test_pure_code_imports_no_jax(module):
     code = f"import sys, {module}; print(sorted(m for m in ('jax', 'flax', 'optax') if m in sys.modules))"
@@ -90,6 +91,7 @@ def release_db(path: Path) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_a_release_db_is_re_keyed_and_keeps_its_skips(tmp_path):
     db = release_db(tmp_path / "results.db")
     before = db.read_bytes()
@@ -124,17 +126,21 @@ BENCH_SMOKE = {  # "{db}": a copy of the 0.1.0 results DB
     "bench_dry_run.py": ["--jobs", "1000"],
     "bench_faults.py": ["--trials", "1", "--real", "0", "--stops", "1"],
     "bench_search.py": ["--max-slots", "8"],
-    "bench_step.py": ["--model", "small", "--batch", "8", "--steps", "1", "--precision", "fp32"],
     "bench_plans.py": ["-c", str(DATA / "results_v0.1.0.toml"), "--timeout", "120"],
     "bench_report.py": ["--attempts", "200"],
     "bench_auto.py": ["--models", "tiny", "--devices", "1", "--micro", "1", "--iters", "3"],
 }
 
 
+SMOKED_ELSEWHERE = {"bench_step.py": "tests/test_kernel_table.py"}  # run there with --trace and --recompile
+
+
 def test_every_bench_script_is_smoke_tested():
-    assert sorted(BENCH_SMOKE) == sorted(p.name for p in (REPO / "bench").glob("bench_*.py"))
+    assert sorted([*BENCH_SMOKE, *SMOKED_ELSEWHERE]) == sorted(p.name for p in (REPO / "bench").glob("bench_*.py"))
+    assert all("bench_step.py" in (REPO / test).read_text() for test in SMOKED_ELSEWHERE.values())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("script", sorted(BENCH_SMOKE))
 def test_bench_scripts_run_with_their_smallest_arguments(script, tmp_path):
     db = str(release_db(tmp_path / "results.db"))

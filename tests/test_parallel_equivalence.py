@@ -2,6 +2,8 @@
 
 import json
 
+import pytest
+
 from tests.conftest import FAST_XLA, run_on_devices
 from tests.reference import assert_matches
 
@@ -28,6 +30,7 @@ print(json.dumps({"ref": reference["losses"], "live": sum(live), "leaves": len(l
 """
 
 
+@pytest.mark.slow
 def test_parallel_plans_match_single_device_reference():
     out = json.loads(run_on_devices(4, SCRIPT, xla_flags=FAST_XLA).stdout.strip().splitlines()[-1])
     assert out["ref"][1] < out["ref"][0]  # the reference itself trains

@@ -88,6 +88,7 @@ def test_loop_timing_gives_sane_positive_rates(tiny):
     assert stream_bytes(GPU_LOOPS.stream) >= 2**30  # an H100's L2 is 50 MB
 
 
+@pytest.mark.slow
 def test_mixer_points_are_forward_and_backward_seconds_by_flops(tiny):
     from codesign.engine.profile import mixer_points, points_rate
 

@@ -93,6 +93,7 @@ def test_a_sweep_whose_jobs_are_all_skipped_never_profiles(tmp_path, measuring_e
     assert time.monotonic() - start < 30
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("behaviour, problem", [("hang", "timed out after 2 s"), ("crash", "exited with code 1")])
 def test_a_profile_that_fails_says_so_in_one_line_and_the_built_in_profile_prices(
         tmp_path, measuring_env, behaviour, problem):

@@ -1,6 +1,7 @@
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import pytest
 
 from bench import reference_step
 from codesign.engine import programs
@@ -10,6 +11,7 @@ from codesign.zhen import counts, network
 SPEC = ModelSpec(12, 6, 3, 3, (("DOT", "CONVOLUTION"), ("ATTENTION", "DOT"), ("LINEAR", "ATTENTION", "LINEAR")))
 
 
+@pytest.mark.slow
 def test_reference_step_has_the_project_loss_and_gradients_at_init():
     params = nn.meta.unbox(network.init_params(SPEC, jax.random.key(0)))
     x = jax.random.normal(jax.random.key(1), (5, 6, 12))

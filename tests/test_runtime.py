@@ -35,6 +35,7 @@ def test_too_big_a_plan_is_oom_before_anything_is_allocated(monkeypatch):
     assert outcome.plan["stages"][0]["device_ids"] == [0]
 
 
+@pytest.mark.slow
 def test_warm_up_steps_are_trained_but_not_timed():
     job = dataclasses.replace(JOB, training=TrainingSpec(32, 6))  # 6 iterations: 2 warm-up
     outcome = job_body.run_job(job)

@@ -51,6 +51,7 @@ print(json.dumps({"ref": reference["losses"], "cases": result}))
 """
 
 
+@pytest.mark.slow
 def test_uneven_partitions_match_single_device_reference():
     out = run_on_devices(4, SCRIPT, xla_flags=FAST_XLA)
     result = json.loads(out.stdout.strip().splitlines()[-1])

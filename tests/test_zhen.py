@@ -89,6 +89,7 @@ def test_repeated_mixers_have_their_own_weights():
 
 @pytest.mark.parametrize("f_in, tokens", [(24, (("DOT", "LINEAR"), ("DOT", "DOT"))),  # 8 blocks of 3
                                            (7, (("DOT",),))])  # 7 blocks of 1: the exact triangle
+@pytest.mark.slow
 def test_folded_dot_is_the_same_function_with_fewer_flops(f_in, tokens):
     spec = ModelSpec(f_in, 8, 3, len(tokens), tokens)
     params = nn.meta.unbox(network.init_params(spec, jax.random.key(1)))
