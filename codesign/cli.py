@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
+import functools
 import logging
 import os
 import signal
@@ -20,7 +21,7 @@ from typing import TYPE_CHECKING, Callable, Iterator, TextIO
 from codesign import __version__
 from codesign.errors import ConfigError, UserError
 from codesign.spec.config import DEFAULT_CONFIG, Config, load_config
-from codesign.spec.hosts import Hosts
+from codesign.spec.hosts import Hosts, platform_for
 from codesign.spec.jobs import PlannedJob, enumerate_jobs
 from codesign.store.database import Decision, Store
 
@@ -167,17 +168,17 @@ def _rank_main(args: argparse.Namespace) -> int:
     """`codesign search --rank`: the ranking's TOML on stdout, its CSV, and with --run-top the
     winners run (priced by the profiles the sweep will use: measured first where it would be)."""
     from codesign.planner import codesign
-    from codesign.spec.hosts import resolve_platform
     from codesign.zhen import search
 
     if args.run_top < 0:
-        raise ConfigError("command line", "search --rank", "--run-top", f"expected an integer >= 0, got {args.run_top}")
+        raise ConfigError("command line", "search --rank", "--run-top",
+                          f"expected an integer >= 0, got {args.run_top}")
     config, query = load_config(args.config), search.search_from_args(args)
     address = config.ray.address
     hosts = _hosts(config, address)
     profiles = _profiles(hosts, args.db, address, read_only=not args.run_top)
     check_devices(config, profiles.book)
-    platform_of = lambda c: resolve_platform(c, hosts)[0] or ("sim" if c.is_simulated else c.platform)
+    platform_of = functools.partial(platform_for, hosts=hosts)
     for platform in {platform_of(c) for c in config.clusters} - {"sim"} if args.run_top else ():
         profiles.measured_for(platform)
     found, rankings = codesign.rank(query, config, profiles.book, platform_of, args.top)

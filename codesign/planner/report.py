@@ -19,7 +19,7 @@ from codesign.planner.cost import Workload
 from codesign.planner.profiles import ProfileBook
 from codesign.planner.space import Priced, plan_space, price, rank_key, same_plan
 from codesign.spec.config import Config
-from codesign.spec.hosts import Hosts, resolve_platform
+from codesign.spec.hosts import Hosts, platform_for
 from codesign.spec.jobs import matches
 from codesign.spec.types import Job, ParallelSpec
 
@@ -35,8 +35,7 @@ def plan_rows(config: Config, book: ProfileBook, top: int | None = None,
     """Each cluster on the platform a sweep on these hosts would run it on (a cluster they cannot
     provide: on the platform it declares), priced by the same profiles."""
     for cluster in config.clusters:
-        platform = (resolve_platform(cluster, hosts)[0] if hosts else None) or \
-            ("sim" if cluster.is_simulated else cluster.platform)
+        platform = platform_for(cluster, hosts)
         for model in config.models:
             for micro in micro_batch_counts(config.parallels, cluster):
                 job = Job(model, cluster, config.training, ParallelSpec("plan", (micro,)), micro, platform)

@@ -55,3 +55,10 @@ def resolve_platform(cluster: ClusterSpec, hosts: Hosts) -> tuple[str | None, st
     if cluster.num_hosts > 1:
         return None, f"needs {cluster.num_hosts} GPU hosts; {hosts.where} is one host"
     return None, f"needs {cluster.num_devices_per_host} GPUs; {hosts.where} has {hosts.gpus[0]}"
+
+
+def platform_for(cluster: ClusterSpec, hosts: Hosts | None) -> str:
+    """The platform a sweep on these hosts runs the cluster on; a cluster they cannot provide
+    (or with no hosts given) is priced on the platform it declares."""
+    platform = resolve_platform(cluster, hosts)[0] if hosts else None
+    return platform or ("sim" if cluster.is_simulated else cluster.platform)
