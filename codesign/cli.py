@@ -174,23 +174,23 @@ def _rank_main(args: argparse.Namespace) -> int:
         raise ConfigError("command line", "search --rank", "--run-top",
                           f"expected an integer >= 0, got {args.run_top}")
     config, query = load_config(args.config), search.search_from_args(args)
-    address = config.ray.address
-    hosts = _hosts(config, address)
-    profiles = _profiles(hosts, args.db, address, read_only=not args.run_top)
+    hosts = _hosts(config, None)  # ranked, and with --run-top run, on this machine
+    profiles = _profiles(hosts, args.db, None)
     check_devices(config, profiles.book)
     platform_of = functools.partial(platform_for, hosts=hosts)
     for platform in {platform_of(c) for c in config.clusters} - {"sim"} if args.run_top else ():
         profiles.measured_for(platform)
     found, rankings = codesign.rank(query, config, profiles.book, platform_of, args.top)
     codesign.write_toml(found, rankings, args.top, sys.stdout)
-    measured, code = _run_top(found, rankings, args, config, hosts) if args.run_top else ({}, 0)
+    measured, code = _run_top(found, rankings, args, config, hosts, profiles) if args.run_top else ({}, 0)
     rows = codesign.write_csv(found, rankings, args.csv, measured)
     print(f"codesign: {len(found):,} candidates on {len(rankings)} cluster(s): {rows:,} rows in {args.csv}",
           file=sys.stderr)
     return code
 
 
-def _run_top(found, rankings, args: argparse.Namespace, config: Config, hosts: Hosts) -> tuple[dict, int]:
+def _run_top(found, rankings, args: argparse.Namespace, config: Config, hosts: Hosts,
+             profiles: Profiles) -> tuple[dict, int]:
     """Run the --run-top best of each ranking as a sweep (codesign run's path) and print how the
     prediction ranked them: ((ranking, candidate) -> (measured samples/s, job key), the sweep's exit code)."""
     from codesign.planner import codesign
@@ -202,7 +202,7 @@ def _run_top(found, rankings, args: argparse.Namespace, config: Config, hosts: H
     run_args = argparse.Namespace(db=args.db, retry_failed=False, manual_job_timeout=600, ray_address=None,
                                   verbose=args.verbose, max_concurrent=None)
     executor = _executor(args.db, None, hosts, run_args)
-    code = run(planned, run_args, executor, None, config, hosts)
+    code = run(planned, run_args, executor, None, config, profiles)
     store = Store(args.db)
     try:
         speed = {row["job_key"]: row["throughput"] for row in store.attempts()
@@ -225,13 +225,14 @@ def run_main(argv: list[str], prog: str = "codesign run") -> int:
     address = args.ray_address or config.ray.address
     with _ray_session(address):
         hosts = _hosts(config, address)
-        check_devices(config, _profiles(hosts, args.db, address, read_only=True).book)
+        profiles = _profiles(hosts, args.db, address)
+        check_devices(config, profiles.book)
         planned = list(enumerate_jobs(config, hosts))
         if args.dry_run:
             print_dry_run(planned, args.db, args.retry_failed, sys.stdout)
             return 0
         executor = _executor(args.db, address, hosts, args)
-        return run(planned, args, executor, _max_concurrent(args, config, address), config, hosts)
+        return run(planned, args, executor, _max_concurrent(args, config, address), config, profiles)
 
 
 @contextlib.contextmanager
@@ -260,11 +261,11 @@ def _hosts(config: Config, address: str | None) -> Hosts:
     return discovery.local_hosts(any(c.platform in ("gpu", "auto") for c in config.clusters))
 
 
-def _profiles(hosts: Hosts, db: str, address: str | None, read_only: bool) -> Profiles:
+def _profiles(hosts: Hosts, db: str, address: str | None) -> Profiles:
     """The profiles a command prices with: built-in, the DB's measured copies, this machine's cache."""
     from codesign.run.profiling import profiles_for
 
-    store = Store.open_if_exists(db) if read_only else Store(db)
+    store = Store.open_if_exists(db)
     try:
         return profiles_for(hosts, store, on_ray=bool(address), jax_cache=_jax_cache(db))
     finally:
@@ -305,7 +306,7 @@ def _max_concurrent(args: argparse.Namespace, config: Config, address: str | Non
 
 
 def run(planned: list[PlannedJob], args: argparse.Namespace, executor: Executor,
-        max_concurrent: int | None, config: Config, hosts: Hosts) -> int:
+        max_concurrent: int | None, config: Config, profiles: Profiles) -> int:
     """The sweep; SIGINT or SIGTERM kills the running jobs, records them and exits 128 + signal;
     exit 3 when some job failed, timed out or went `oom`."""
     from codesign.run.sweep import Pricing, Stopped, run_sweep, signals_stop_the_sweep
@@ -313,7 +314,6 @@ def run(planned: list[PlannedJob], args: argparse.Namespace, executor: Executor,
     store = Store(args.db)
     try:
         with signals_stop_the_sweep() as stop:
-            profiles = _profiles(hosts, args.db, args.ray_address or config.ray.address, read_only=False)
             logs = Path(args.db).resolve().parent / "logs"
             summary = run_sweep(planned, store, executor, args.retry_failed, args.manual_job_timeout,
                                 max_concurrent, Pricing(profiles, config.links), logs, stop)
@@ -386,8 +386,9 @@ def plan_main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     _logging(args.verbose, "codesign: %(message)s")
     config = load_config(args.config)
-    hosts = _hosts(config, config.ray.address)
-    book = _profiles(hosts, args.db, config.ray.address, read_only=True).book
+    with _ray_session(config.ray.address):  # a [ray] cluster's nodes, as the sweep sees them
+        hosts = _hosts(config, config.ray.address)
+        book = _profiles(hosts, args.db, config.ray.address).book
     check_devices(config, book)
     write = report.write_csv if args.format == "csv" else report.write_table
     rows = write(report.plan_rows(config, book, args.top, hosts), sys.stdout)
@@ -443,7 +444,7 @@ def reprice_main(argv: list[str]) -> int:
     try:
         rows = store.attempts()
         hosts = local_hosts(any(row["platform"] == "gpu" for row in rows))
-        changed = reprice(store, rows, _profiles(hosts, args.db, None, read_only=True).book, links)
+        changed = reprice(store, rows, _profiles(hosts, args.db, None).book, links)
     finally:
         store.close()
     print(f"codesign: re-priced {changed} attempts of {args.db}", file=sys.stderr)
