@@ -5,8 +5,9 @@
     python bench/bench_step.py --model small --batch 8 --steps 1 --precision fp32   # smoke run
     python bench/bench_step.py --model seed --batch 1024 --precision bf16 --trace DIR --recompile
 
-Rows per precision and batch: `project` (the step codesign runs), `project-fold` (with
-fold_dot, the DOT mixer over the Gram's upper blocks; --fold) and `reference`
+Rows per precision and batch (--rows, in this order): `project` (the step codesign runs),
+`project-serial` (its ATTENTION encoders one after another instead of one vmapped encoder per
+layer), `project-fold` (with fold_dot, the DOT mixer over the Gram's upper blocks) and `reference`
 (reference_step.py: jax.numpy from DESIGN.md, optax.adam, one jit), then project/reference.
 TFLOP/s are model FLOPs (3x the analytical forward, DOT over all F_in^2 pairs); peak memory
 and compile time (lowering and XLA compilation) come from the compiled program. --hlo adds the
@@ -49,7 +50,7 @@ MODELS = {
 WARMUP = 2
 TRACE_STEPS = 5  # at most, after the timed ones: enough to see every kernel, few enough to read the trace
 STEP_NAME = "bench_step"  # the StepTraceAnnotation that marks a traced step
-ROWS = ("project", "project-fold", "reference")
+ROWS = ("project", "project-serial", "project-fold", "reference")
 
 
 def _job(model: ModelSpec, batch: int, precision: str, fold: bool) -> Job:
@@ -75,8 +76,17 @@ def project_training(model: ModelSpec, batch: int, precision: str, fold: bool) -
     return build_training(job, make_plan(job))
 
 
-def bench_project(model: ModelSpec, batch: int, precision: str, steps: int, fold: bool) -> dict:
-    training = project_training(model, batch, precision, fold)
+def project_variant(row: str, model: ModelSpec, batch: int, precision: str) -> programs.Training:
+    """The project's training step as the row names it (network.BATCH_ENCODERS is read while tracing)."""
+    network.BATCH_ENCODERS = row != "project-serial"
+    try:
+        return project_training(model, batch, precision, row == "project-fold")
+    finally:
+        network.BATCH_ENCODERS = True
+
+
+def bench_project(row: str, model: ModelSpec, batch: int, precision: str, steps: int) -> dict:
+    training = project_variant(row, model, batch, precision)
 
     def run() -> None:
         loss = training.step()
@@ -113,14 +123,14 @@ def bench_reference(model: ModelSpec, batch: int, precision: str, steps: int) ->
 def bench_row(row: str, model: ModelSpec, batch: int, precision: str, steps: int) -> dict:
     if row == "reference":
         return bench_reference(model, batch, precision, steps)
-    return bench_project(model, batch, precision, steps, row == "project-fold")
+    return bench_project(row, model, batch, precision, steps)
 
 
 def compile_seconds(row: str, model: ModelSpec, batch: int, precision: str) -> float:
     """Lowering and compiling one row's step (what the row's `compile s` column measures)."""
     if row == "reference":
         return reference_program(model, batch, precision)[2]
-    return project_training(model, batch, precision, row == "project-fold").compile_time
+    return project_variant(row, model, batch, precision).compile_time
 
 
 def compile_only(row: str, model_name: str, batch: int, precision: str, cache_dir: str) -> dict:
@@ -166,7 +176,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--batch", type=int, nargs="+", help="samples per step (default 1024 seed, 256 small)")
     parser.add_argument("--precision", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16"])
     parser.add_argument("--steps", type=int, default=10, help="timed steps, after 2 warm-up steps")
-    parser.add_argument("--fold", action="store_true", help="also time the project step with fold_dot")
+    parser.add_argument("--rows", nargs="+", choices=ROWS, default=["project", "reference"],
+                        help="the steps to time (default: project reference)")
     parser.add_argument("--hlo", action="store_true", help="print the optimized HLO's op counts")
     parser.add_argument("--trace", metavar="DIR", help=f"trace up to {TRACE_STEPS} more steps of each row into "
                         "DIR and print their kernel table")
@@ -184,24 +195,25 @@ def report_row(row: str, args: argparse.Namespace, batch: int, precision: str, c
     model = MODELS[args.model]
     r = bench_row(row, model, batch, precision, args.steps)
     print(_row(row, model, precision, batch, r, args.hlo), flush=True)
-    if args.recompile:
+    if args.trace:
+        table = trace_table(r["run"], Path(args.trace) / f"{row}_{precision}_{batch}", min(args.steps, TRACE_STEPS))
+        print(kernel_table.format_table(table, f"{row} {precision} batch {batch}"), flush=True)
+    if args.recompile:  # after the trace: a GPU run cut short by its timeout still printed the table
         again = recompile(row, args.model, batch, precision, cache_dir)
         print(f"# {row} {precision} batch {batch}: compile {r['compile_s']:.2f} s, again in a fresh process "
               f"from the persistent cache {again['compile_s']:.2f} s ({again['cache_hits']} cache hits of "
               f"{again['cache_requests']} requests)", flush=True)
-    if args.trace:
-        table = trace_table(r["run"], Path(args.trace) / f"{row}_{precision}_{batch}", min(args.steps, TRACE_STEPS))
-        print(kernel_table.format_table(table, f"{row} {precision} batch {batch}"), flush=True)
     return r["step_s"]
 
 
 def bench(args: argparse.Namespace, cache_dir: str | None) -> None:
-    rows = [r for r in ROWS if r != "project-fold" or args.fold]
+    rows = [r for r in ROWS if r in args.rows]
     for precision in args.precision:
         for batch in args.batch or [1024 if args.model == "seed" else 256]:
             step_s = {row: report_row(row, args, batch, precision, cache_dir) for row in rows}
-            print(f"# {precision} batch {batch}: project/reference {step_s['reference'] / step_s['project']:.2f}x "
-                  f"in samples/s", flush=True)
+            for row in rows[:-1] if rows[-1] == "reference" else []:
+                print(f"# {precision} batch {batch}: {row}/reference {step_s['reference'] / step_s[row]:.2f}x "
+                      f"in samples/s", flush=True)
 
 
 def main() -> None:

@@ -7,6 +7,8 @@ import stat
 import subprocess
 import sys
 import time
+import tomllib
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -286,6 +288,18 @@ def test_help_lists_the_commands_each_with_its_own_help_and_the_version(tmp_path
     assert codesign.__version__ != "0.1.0"
     missing = run_cli("-v", "report", "-d", "missing.db", cwd=tmp_path)  # a global flag before the command
     assert missing.returncode == 2 and "missing.db" in missing.stderr and "usage:" not in missing.stderr
+
+
+def test_the_version_is_read_from_the_checkout_where_codesign_is_not_installed(monkeypatch):
+    """scripts/python.sh runs the checkout on a GPU machine's own Python, without installing it."""
+    from importlib import metadata
+
+    def missing(name):
+        raise metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(metadata, "version", missing)
+    pyproject = tomllib.loads((Path(codesign.__file__).parents[1] / "pyproject.toml").read_text())
+    assert codesign._version() == pyproject["project"]["version"] == codesign.__version__
 
 
 def test_the_earlier_toolkits_command_lines_still_work(tmp_path):

@@ -3,6 +3,7 @@ OUT.json.parts), run on CPU at small sizes; and measured points, as the cost mod
 
 import dataclasses
 import json
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -78,8 +79,9 @@ def tiny():
 
 
 def test_loop_timing_gives_sane_positive_rates(tiny):
-    from codesign.engine.profile import GPU_LOOPS, matmul_rates, stream_bandwidth, stream_bytes
+    from codesign.engine.profile import GPU_LOOPS, matmul_carries, matmul_rates, stream_bandwidth, stream_bytes
 
+    assert [[a.dtype.name for a in carry] for carry in matmul_carries(4)] == [["float32"] * 3, ["bfloat16"] * 3]
     rates = matmul_rates(tiny)
     assert set(rates) == {"fp32", "bf16"}
     assert all(1e6 < r < 1e13 for r in rates.values()), rates
@@ -90,9 +92,14 @@ def test_loop_timing_gives_sane_positive_rates(tiny):
 
 @pytest.mark.slow
 def test_mixer_points_are_forward_and_backward_seconds_by_flops(tiny):
-    from codesign.engine.profile import mixer_points, points_rate
+    from codesign.engine.profile import compile_side_by_side, mixer_points, mixer_section, points_rate
 
-    found = mixer_points("ATTENTION", "fp32", tiny)
+    sections = {kind: mixer_section(kind, "fp32", tiny) for kind in ("ATTENTION", "DOT")}
+    programs = compile_side_by_side({(kind, part): getattr(section, part) for kind, section in sections.items()
+                                     for part in ("lowered", "init")})
+    dot = mixer_points((programs["DOT", "lowered"], programs["DOT", "init"]), sections["DOT"], tiny)
+    assert [w for w, _ in dot["forward"]] == sorted(sections["DOT"].work)
+    found = mixer_points((programs["ATTENTION", "lowered"], programs["ATTENTION", "init"]), sections["ATTENTION"], tiny)
     forward, backward = found["forward"], found["backward"]
     assert len(forward) == len(backward) == 2
     assert [2 * w for w, _ in forward] == [w for w, _ in backward]  # keyed by the call's backward FLOPs
@@ -117,14 +124,16 @@ def test_sections_are_saved_as_they_come_and_a_rerun_measures_only_what_is_missi
 
     measured = []
 
-    def fake_points(kind, precision, sizes):
+    def fake_section(kind, precision, sizes):
         measured.append((kind, precision))
-        return points
+        return SimpleNamespace(lowered=(kind, precision), init=None)
 
     def never(*_):
         raise AssertionError("a section of the parts file was measured again")
 
-    monkeypatch.setattr(engine, "mixer_points", fake_points)
+    monkeypatch.setattr(engine, "mixer_section", fake_section)
+    monkeypatch.setattr(engine, "compile_side_by_side", lambda lowered: {name: None for name in lowered})
+    monkeypatch.setattr(engine, "mixer_points", lambda program, section, sizes: points)
     for name in ("matmul_rates", "stream_bandwidth", "dispatch_time", "update_scratch", "collective_times"):
         monkeypatch.setattr(engine, name, never)
     profile = engine.loop_profile(engine.Parts(path), tiny)

@@ -87,6 +87,29 @@ def test_repeated_mixers_have_their_own_weights():
     assert not jnp.allclose(a, b)
 
 
+def test_a_layers_encoders_run_as_one_vmapped_encoder_with_the_same_function(monkeypatch):
+    """Three ATTENTION mixers between others: one batched encoder per layer (a third of the dots),
+    the same loss and gradients as the encoders run one after another, and each mixer its own weights."""
+    spec = ModelSpec(12, 8, 3, 2, (("ATTENTION", "LINEAR", "ATTENTION", "DOT", "ATTENTION"), ("ATTENTION", "LINEAR")))
+    params = nn.meta.unbox(network.init_params(spec, jax.random.key(1)))
+    x = jax.random.normal(jax.random.key(2), (4, 8, 12))
+
+    def run(batched):
+        monkeypatch.setattr(network, "BATCH_ENCODERS", batched)
+        grad = jax.jit(jax.value_and_grad(lambda p: jnp.mean(network.forward(spec, p, x) ** 2)))
+        dots = grad.lower(params).as_text().count("dot_general")
+        return grad(params), dots
+
+    ((batched, g_batched), dots_batched), ((serial, g_serial), dots_serial) = run(True), run(False)
+    assert abs(batched - serial) < 1e-6 * abs(serial)
+    for a, b in zip(jax.tree.leaves(g_batched), jax.tree.leaves(g_serial)):
+        assert jnp.max(jnp.abs(a - b)) <= 1e-5 * jnp.max(jnp.abs(b))
+    encoder_dots = 18  # 6 forward dots (qkv, scores, values, out, ffn1, ffn2), 2 gradients each
+    assert dots_serial - dots_batched == 2 * encoder_dots  # layer 0: 3 encoders -> 1; layer 1: 1 already
+    enc = [params["layer_0"][f"mixer_{j}_attention"]["encoder"]["qkv"]["kernel"] for j in (0, 2, 4)]
+    assert not jnp.allclose(enc[0], enc[1]) and not jnp.allclose(enc[1], enc[2])
+
+
 @pytest.mark.parametrize("f_in, tokens", [(24, (("DOT", "LINEAR"), ("DOT", "DOT"))),  # 8 blocks of 3
                                            (7, (("DOT",),))])  # 7 blocks of 1: the exact triangle
 @pytest.mark.slow

@@ -33,6 +33,7 @@ import os
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -180,12 +181,16 @@ def own(tree: Any) -> Any:
 def matmul_rates(sizes: LoopSizes) -> dict[str, float]:
     """FLOP/s of a square matmul per precision: bf16, and fp32 as XLA runs it (TF32 on an H100)."""
     n = sizes.matmul
-    key = jax.random.key(0)
-    carries = tuple(own((a, a, jnp.zeros_like(a))) for a in
-                    (jax.random.normal(key, (n, n), DTYPES[p]) / np.sqrt(n) for p in DTYPES))
-    times = loop_times(compiled(looped([lambda c: (c[0], c[1], c[0] @ c[1])] * len(DTYPES))), carries,
+    times = loop_times(compiled(looped([lambda c: (c[0], c[1], c[0] @ c[1])] * len(DTYPES))), matmul_carries(n),
                        sizes.seconds)
     return {p: 2 * n**3 / t for p, t in zip(DTYPES, times)}
+
+
+def matmul_carries(n: int) -> tuple:
+    """Per precision, (a, a, out) n x n in that precision's dtype (a bf16 array divided by
+    np.sqrt's float64 became fp32: the first H100 profile timed TF32 twice)."""
+    a = jax.random.normal(jax.random.key(0), (n, n)) / n**0.5
+    return tuple(own((a.astype(d), a.astype(d), jnp.zeros((n, n), d))) for d in DTYPES.values())
 
 
 def stream_bytes(nbytes: int) -> int:
@@ -209,23 +214,57 @@ def mixer_module(kind: str, f_in: int, out: int, emb: int, dtype: Any) -> tuple[
     return OneMixerLayer(kind, f_in, out, emb, dtype), counts.mixer_work(kind, f_in, out, emb).flops
 
 
-def mixer_points(kind: str, precision: str, sizes: LoopSizes) -> dict[str, Points]:
-    """(FLOPs of one call, seconds) forward and backward (the call's backward FLOPs: twice the
-    forward's, as the cost model counts them) at each width and micro-batch size."""
-    dtype, bodies, carries, work = DTYPES[precision], [], [], []
+@dataclass
+class MixerSection:
+    """One kind and precision of mixer: a program timing it forward and forward-and-backward at
+    each width and micro-batch size, lowered on abstract carries (compiled before any is made)."""
+
+    lowered: Any  # jax.stages.Lowered: (carries, trips) -> carries
+    init: Any  # jax.stages.Lowered: () -> the carries (one program: made eagerly, op by op, they took
+    # longer to compile than the loop)
+    work: list[float]  # FLOPs of each point's forward call
+
+
+def mixer_section(kind: str, precision: str, sizes: LoopSizes) -> MixerSection:
+    dtype, bodies, makers, work = DTYPES[precision], [], [], []
     for widths in sizes.widths:
         module, flops = mixer_module(kind, *widths, dtype)
         loss = jax.grad(lambda p, x, m=module: jnp.sum(m.apply(p, x).astype(jnp.float32)), argnums=(0, 1))
         for batch in sizes.batches:
-            z = jax.random.normal(jax.random.key(1), (batch, widths[2], widths[0]), dtype)
-            params = module.init(jax.random.key(0), z)
+            def carry(fn, m=module, shape=(batch, widths[2], widths[0])):
+                z = jax.random.normal(jax.random.key(1), shape, dtype)
+                params = m.init(jax.random.key(0), z)
+                return params, z, jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), jax.eval_shape(fn, params, z))
+
             bodies += [lambda c, m=module: (c[0], c[1], m.apply(c[0], c[1])),
                        lambda c, g=loss: (c[0], c[1], g(c[0], c[1]))]
-            carries += [(params, z, jax.eval_shape(module.apply, params, z)),
-                        (params, z, jax.eval_shape(loss, params, z))]
+            makers += [lambda c=carry, m=module: c(m.apply), lambda c=carry, g=loss: c(g)]
             work.append(batch * flops)
-    carries = [own((p, z, jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), out))) for p, z, out in carries]
-    times = loop_times(compiled(looped(bodies)), tuple(carries), sizes.seconds)
+    init = jax.jit(lambda: tuple(make() for make in makers))
+    lowered = compiled(looped(bodies)).lower(jax.eval_shape(init), jax.ShapeDtypeStruct((len(makers),), jnp.int32))
+    return MixerSection(lowered, init.lower(), work)
+
+
+def compile_side_by_side(lowered: dict[Any, Any]) -> dict[Any, Any]:
+    """Each lowered program compiled, several at once: XLA compiles (and autotunes) outside the
+    GIL, and on a GPU compiling is most of a profile's time (one section after another, the two
+    DOT sections alone took 80 s on an H100)."""
+    start = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=max(1, min(len(lowered), os.cpu_count() or 1))) as pool:
+        futures = {name: pool.submit(program.compile) for name, program in lowered.items()}
+        done = {name: future.result() for name, future in futures.items()}
+    if done:
+        log.info("  (%d programs compiled side by side in %.1f s)", len(done), time.perf_counter() - start)
+    return done
+
+
+def mixer_points(programs: tuple[Callable, Callable], section: MixerSection, sizes: LoopSizes) -> dict[str, Points]:
+    """(FLOPs of one call, seconds) forward and backward (the call's backward FLOPs: twice the
+    forward's, as the cost model counts them) at each width and micro-batch size; programs: the
+    section's loop and init, compiled."""
+    loop, init = programs
+    work = section.work
+    times = loop_times(loop, own(init()), sizes.seconds)
     forward, both = np.array(times[0::2]), np.array(times[1::2])
     backward = np.maximum(both - forward, 0.05 * forward)
     order = np.argsort(work)
@@ -314,11 +353,17 @@ def loop_profile(parts: Parts, sizes: LoopSizes) -> DeviceProfile:
              stream_bytes(sizes.stream) / 2**30)
     dispatch = parts.get("dispatch", lambda: dispatch_time(5))
     log.info("  dispatch: %.1f us per program call", dispatch * 1e6)
+    names = {f"{precision} {kind}": (kind, precision) for precision in DTYPES for kind in (*MIXERS, LAYER)}
+    sections = {name: mixer_section(*key, sizes) for name, key in names.items() if name not in parts.data}
+    programs = compile_side_by_side({(name, part): getattr(section, part) for name, section in sections.items()
+                                     for part in ("lowered", "init")})
     rates = []
     for precision in DTYPES:
         table = []
         for kind in (*MIXERS, LAYER):
-            found = parts.get(f"{precision} {kind}", lambda: mixer_points(kind, precision, sizes))
+            name = f"{precision} {kind}"
+            found = parts.get(name, lambda: mixer_points((programs[name, "lowered"], programs[name, "init"]),
+                                                         sections[name], sizes))
             rate = points_rate(*(tuple(map(tuple, found[k])) for k in ("forward", "backward")), peaks[precision])
             table.append((kind, rate))
             log.info("  %s %s: %s", precision, kind, rate)

@@ -145,16 +145,13 @@ class FeatureFc(nn.Module):
 
 
 class LinearMixer(nn.Module):
-    """FC over the feature axis F_in -> O (run by ZhenBlock), transposed to O x D tokens."""
+    """FC over the feature axis F_in -> O, transposed to O x D tokens: all of it run by ZhenBlock."""
 
     f_in: int
     out: int
 
     def setup(self):
         self.fc = FeatureFc(self.f_in, self.out)
-
-    def __call__(self, tokens: jax.Array) -> jax.Array:
-        return tokens
 
 
 class EncoderLayer(nn.Module):
@@ -217,16 +214,16 @@ def _mixer(kind: str, spec: ModelSpec, f_in: int, dtype, name: str, fold_dot: bo
 
 
 _PROJECTING = (LinearMixer, AttentionMixer)  # mixers whose feature FC ZhenBlock runs
+BATCH_ENCODERS = True  # a layer's ATTENTION encoders as one vmapped encoder (False: one after another)
 
 
-def _feature_tokens(mixers: list[nn.Module], z: jax.Array, dtype) -> list[jax.Array]:
+def _feature_tokens(mixers: list[nn.Module], z: jax.Array, dtype) -> jax.Array:
     """The feature-axis FCs of the mixers that have one (FeatureFc), as one matmul over z:
-    B x D x F_in -> per mixer B x O x D tokens."""
+    B x D x F_in -> B x (sum of O) x D tokens, the mixers' tokens side by side in their order."""
     fcs = [m.fc for m in mixers]
     kernel = jnp.concatenate([fc.kernel for fc in fcs], axis=1).astype(dtype)
     bias = jnp.concatenate([fc.bias for fc in fcs]).astype(dtype)
-    tokens = (z @ kernel + bias).transpose(0, 2, 1)
-    return jnp.split(tokens, len(fcs), axis=1)
+    return (z @ kernel + bias).transpose(0, 2, 1)
 
 
 class ZhenBlock(nn.Module):
@@ -249,11 +246,32 @@ class ZhenBlock(nn.Module):
             z = prev_out + prev_in
         mixers = [_mixer(kind, self.spec, f_in, self.dtype, f"mixer_{j}_{kind.lower()}", self.fold_dot)
                   for j, kind in enumerate(self.spec.tokens[self.index])]
-        projecting = [m for m in mixers if isinstance(m, _PROJECTING)]
-        projected = iter(_feature_tokens(projecting, z, self.dtype) if projecting else [])
-        tokens = [m(next(projected)) if isinstance(m, _PROJECTING) else m(z) for m in mixers]
-        out = nn.LayerNorm(dtype=self.dtype, name="norm")(jnp.concatenate(tokens, axis=1))
-        return z, out.transpose(0, 2, 1)
+        out = {m.name: m(z) for m in mixers if not isinstance(m, _PROJECTING)}
+        attention = [m for m in mixers if isinstance(m, AttentionMixer)]
+        linear = [m for m in mixers if isinstance(m, LinearMixer)]
+        if attention or linear:
+            tokens = _feature_tokens(attention + linear, z, self.dtype)
+            n = len(attention) * self.spec.output_per_emb
+            if linear:
+                out.update(zip((m.name for m in linear), jnp.split(tokens[:, n:], len(linear), axis=1)))
+            if attention:
+                out.update(zip((m.name for m in attention), self._encoded(attention, tokens[:, :n])))
+        normed = nn.LayerNorm(dtype=self.dtype, name="norm")(jnp.concatenate([out[m.name] for m in mixers], axis=1))
+        return z, normed.transpose(0, 2, 1)
+
+    def _encoded(self, attention: list[AttentionMixer], tokens: jax.Array) -> list[jax.Array]:
+        """The ATTENTION mixers' encoders over their tokens (B x (k O) x D), as one encoder vmapped
+        over the k mixers' parameters: every kernel of the encoder runs once per layer, not k times.
+        Same parameters (each mixer keeps its own) and function."""
+        k = len(attention)
+        if k == 1 or not BATCH_ENCODERS or self.is_initializing():
+            return [m(t) for m, t in zip(attention, jnp.split(tokens, k, axis=1))]
+        params = [nn.meta.unbox(self.variables["params"][m.name]["encoder"]) for m in attention]
+        stacked = jax.tree.map(lambda *p: jnp.stack(p), *params)
+        encode = jax.vmap(lambda p, t: EncoderLayer(self.dtype).apply({"params": p}, t), in_axes=(0, 1), out_axes=1)
+        b, _, d = tokens.shape
+        encoded = encode(stacked, tokens.reshape(b, k, -1, d))
+        return jnp.split(encoded.reshape(b, -1, d), k, axis=1)
 
 
 def init_params(spec: ModelSpec, key: jax.Array, batch: int = 1, layers: Sequence[int] | None = None) -> dict:
