@@ -170,6 +170,18 @@ def test_links_are_overridable_per_transport():
     assert estimate(slow, plan).seconds > estimate(fast, plan).seconds
 
 
+def test_a_measured_gpu_link_prices_inside_a_host_unless_links_override_it():
+    measured = dataclasses.replace(BUILTIN["H100"], link=Link(2e11, 9e-6), source="measured")
+    cluster = ClusterSpec(2, 8, "EFAx4", "sim", "H100")
+    intra, inter = cluster_links(measured, cluster)
+    assert intra == Link(2e11, 9e-6) and inter == cluster_links(BUILTIN["H100"], cluster)[1]
+    intra, _ = cluster_links(measured, cluster, [LinkSpec("NVLink", bandwidth=5e11)])
+    assert (intra.bandwidth, intra.latency) == (5e11, 9e-6)
+    plan = make_plan(job(per_host=8, pp_dp_op=(1, 8, 1)))
+    assert estimate(Workload.of(job(per_host=8, pp_dp_op=(1, 8, 1)), measured), plan).seconds > \
+        estimate(Workload.of(job(per_host=8, pp_dp_op=(1, 8, 1)), BUILTIN["H100"]), plan).seconds
+
+
 def test_profiles_round_trip_through_json_and_book_lookup():
     cpu = BUILTIN["cpu"]
     assert DeviceProfile.from_dict(cpu.to_dict()) == dataclasses.replace(cpu, source="built-in")

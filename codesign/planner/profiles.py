@@ -257,10 +257,13 @@ def profile_id(profile: DeviceProfile) -> str:
 def cluster_links(profile: DeviceProfile, cluster: ClusterSpec,
                   overrides: Iterable[LinkSpec] = ()) -> tuple[Link, Link]:
     """(inside a host, between hosts). Virtual CPU devices talk through local memory whatever the
-    declared transport; GPUs use NVLink inside a host and the cluster's transport across hosts."""
+    declared transport; GPUs use NVLink inside a host (the link a measured profile timed between
+    its host's GPUs, where it has one) and the cluster's transport across hosts; `[links]` wins."""
     if profile.link is not None and profile.platform == "cpu":
         return profile.link, profile.link
     links = dict(DEFAULT_LINKS)
+    if profile.link is not None:
+        links["NVLink"] = profile.link
     for spec in overrides:
         base = links[spec.name]
         links[spec.name] = Link(spec.bandwidth or base.bandwidth,
