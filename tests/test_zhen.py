@@ -24,7 +24,7 @@ SEED = ModelSpec(512, 160, 20, 4, (("ATTENTION", "LINEAR", "ATTENTION", "DOT"),)
 
 
 def matmul_flops(spec: ModelSpec, fold_dot: bool) -> int:
-    """FLOPs of every dot_general and convolution in the forward jaxpr, per sample."""
+    """FLOPs of every dot_general and convolution tap in the forward jaxpr, per sample."""
     params = nn.meta.unbox(jax.eval_shape(lambda k: network.init_params(spec, k), jax.random.key(0)))
     x = jax.ShapeDtypeStruct((1, spec.emb_dim, spec.num_features), jnp.float32)
     jaxpr = jax.make_jaxpr(lambda p, x: network.forward(spec, p, x, fold_dot=fold_dot))(params, x)
@@ -38,10 +38,8 @@ def matmul_flops(spec: ModelSpec, fold_dot: bool) -> int:
                 (lhs_contract, _), _ = eqn.params["dimension_numbers"]
                 lhs = eqn.invars[0].aval.shape
                 total += 2 * out.size * math.prod(lhs[d] for d in lhs_contract)
-            elif eqn.primitive.name == "conv_general_dilated":
-                rhs = eqn.invars[1].aval
-                out_channels = rhs.shape[eqn.params["dimension_numbers"].rhs_spec[0]]
-                total += 2 * out.size * rhs.size // out_channels
+            elif eqn.primitive.name == "mul" and min(v.aval.ndim for v in eqn.invars) == 0 and out.ndim == 3:
+                total += 2 * out.size  # a convolution tap (network.SameConv): one multiply-add per output
             for value in eqn.params.values():
                 inner = getattr(value, "jaxpr", value)
                 if hasattr(inner, "eqns"):

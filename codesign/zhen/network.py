@@ -9,6 +9,7 @@ the plan maps them to mesh axes.
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 from typing import Sequence
 
@@ -187,18 +188,36 @@ class AttentionMixer(nn.Module):
         return self.encoder(tokens)
 
 
+class SameConv(nn.Module):
+    """A k x k single-channel convolution over (B, D, F), zero-padded to the same size: nn.Conv's
+    parameters (kernel k x k x 1 x 1, bias 1), computed as k^2 shifted multiply-adds accumulated in
+    fp32 (one element-wise fusion forward, one backward). XLA:CPU ran nn.Conv's one-channel
+    convolution 2.6-4.2x slower; on an H100 the model with it ran 30x slower at batch 4096 than at 1024."""
+
+    dtype: jnp.dtype = jnp.float32
+
+    @nn.compact
+    def __call__(self, z: jax.Array) -> jax.Array:
+        k = CONV_KERNEL
+        kernel = self.param("kernel", nn.with_logical_partitioning(nn.initializers.lecun_normal(),
+                                                                   (None, None, None, None)), (k, k, 1, 1))
+        bias = self.param("bias", nn.with_logical_partitioning(nn.initializers.zeros_init(), (None,)), (1,))
+        h, w, pad = z.shape[1], z.shape[2], k // 2
+        padded = jnp.pad(z.astype(self.dtype).astype(jnp.float32), ((0, 0), (pad, pad), (pad, pad)))
+        taps = kernel.reshape(k, k).astype(self.dtype).astype(jnp.float32)
+        y = bias.astype(self.dtype).astype(jnp.float32)
+        for i, j in itertools.product(range(k), range(k)):
+            y = y + taps[i, j] * padded[:, i:i + h, j:j + w]
+        return y.astype(self.dtype)
+
+
 class ConvolutionMixer(nn.Module):
     out: int
     dtype: jnp.dtype = jnp.float32
 
     @nn.compact
     def __call__(self, z: jax.Array) -> jax.Array:
-        k = CONV_KERNEL
-        conv = nn.Conv(1, (k, k), padding=k // 2, dtype=self.dtype, name="conv",
-                       kernel_init=nn.with_logical_partitioning(nn.initializers.lecun_normal(),
-                                                                (None, None, None, None)),
-                       bias_init=nn.with_logical_partitioning(nn.initializers.zeros_init(), (None,)))
-        y = conv(z[..., None])[..., 0]
+        y = SameConv(self.dtype, name="conv")(z)
         return _dense(self.out, ("features", None), self.dtype, "fc")(y).transpose(0, 2, 1)
 
 
