@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# The one prepared GPU check (device tool), about 8 minutes, each part under its own timeout, the
+# The one prepared GPU check (device tool), 8-10 minutes, each part under its own timeout, the
 # most important first so that a cut-short run still shows them:
 #  0. `codesign profile`: its wall time (target <= 60 s), matmul rates per precision, HBM bandwidth;
 #     kept in the profile cache, so parts 2 and 3 are priced by this measured profile;
 #  1. the step bench on the seed model, batch 1024, bf16 then fp32: project, project-serial (the
-#     encoders one after another, bf16 only) and the plain reference; compile times; HLO op counts;
+#     encoders one after another) and project-flat (flat parameters and Adam state), both bf16
+#     only, and the plain reference; compile times; HLO op counts;
 #  2. bench/gpu_cost.toml (the seed model and a second model of other widths and mixers, one GPU)
 #     through the real CLI at bf16 and fp32, batch 1024 and 4096, into one fresh DB;
 #  3. the cost model's error on those results (bench/bench_cost_model.py; target: median <= 10%);
@@ -31,7 +32,7 @@ if [ -n "${GPU_CHECK_SMOKE:-}" ]; then
 else
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
   model=(--model seed --steps 20) b1=1024 b2=4096 platform=gpu batches="1024 4096" precisions="bf16 fp32"
-  t_profile=75 t_bench=110 t_cli=170 t_cost=20 t_kernels=50 t_triton=35 t_large=80
+  t_profile=75 t_bench=110 t_cli=190 t_cost=20 t_kernels=70 t_triton=35 t_large=80
 fi
 "$py" -c "import jax, jaxlib, flax, optax; print('jax', jax.__version__, 'jaxlib', jaxlib.__version__, 'flax', flax.__version__, 'optax', optax.__version__, jax.devices())"
 
@@ -47,7 +48,7 @@ grep -E "matmul|bandwidth|memory|all-reduce|all-gather|reduce-scatter|took|faile
 keep
 
 echo "## 1. step bench, batch $b1"
-timeout $t_bench "$py" bench/bench_step.py "${model[@]}" --batch $b1 --precision bf16 --rows project project-serial reference --hlo
+timeout $t_bench "$py" bench/bench_step.py "${model[@]}" --batch $b1 --precision bf16 --rows project project-serial project-flat reference --hlo
 timeout $t_bench "$py" bench/bench_step.py "${model[@]}" --batch $b1 --precision fp32 --rows project reference --hlo
 
 echo "## 2. bench/gpu_cost.toml through the CLI: precisions $precisions, batches $batches"

@@ -66,3 +66,41 @@ def test_an_auto_search_job_without_a_chosen_plan_is_invalid():
     outcome = job_body.run_job(job)
     assert (outcome.status, outcome.error) == (
         "invalid", "an Auto search spec describes no plan: the toolkit chooses one (planner.auto.choose_plan)")
+
+
+def test_replicated_parameters_and_adams_state_are_flat_vectors_with_the_same_step(monkeypatch):
+    """One device: the step takes 4 arrays of state (parameters, Adam's count and moments), not
+    one per leaf each; losses, gradients and updated parameters are those of the per-leaf step."""
+    from codesign.engine import step as single_stage
+    from tests.reference import assert_matches, differences, live_leaves, two_steps
+
+    states = {}
+    for flat in (True, False):
+        monkeypatch.setattr(single_stage, "FLAT_STATE", flat)
+        states[flat] = len(jax.tree.leaves(job_body.build_training(JOB, make_plan(JOB)).state))
+        runs = states.setdefault("runs", {})
+        runs[flat] = two_steps(JOB)
+    assert states[True] == 4 < states[False]
+    per_leaf = states["runs"][False]
+    assert_matches("flat", differences(states["runs"][True], per_leaf, live_leaves(per_leaf)))
+
+
+def test_only_replicated_parameters_are_viewed_flat_and_the_view_round_trips():
+    from types import SimpleNamespace
+
+    from jax.sharding import PartitionSpec as P
+
+    from codesign.engine.step import FlatView, replicated
+
+    def sharding(*spec, op=2):
+        return SimpleNamespace(spec=P(*spec), mesh=SimpleNamespace(shape={"dp": 2, "op": op}))
+
+    assert replicated({"a": sharding(), "b": sharding(None, None), "c": sharding(None, "op", op=1)})
+    assert not replicated({"a": sharding(), "b": sharding(None, "op")})
+    assert not replicated({"a": sharding(("dp", "op"), op=1)})
+    plan = make_plan(JOB)
+    abstract, _ = programs.stage_parameters(JOB, plan, plan.stages[0], programs.stage_mesh(plan.stages[0]))
+    view = FlatView.of(abstract)
+    tree = jax.tree.map(lambda a: jax.numpy.arange(a.size, dtype=a.dtype).reshape(a.shape), abstract)
+    assert all((x == y).all() for x, y in zip(jax.tree.leaves(view.leaves(view.flatten(tree))), jax.tree.leaves(tree)))
+    assert view.abstract().shape == (sum(a.size for a in jax.tree.leaves(abstract)),)

@@ -65,7 +65,7 @@ def train_steps(training: programs.Training, steps: int, min_seconds: float = 0.
 def run_step(training: programs.Training, losses: list[float], times: list[float]) -> None:
     start = time.perf_counter()
     loss = training.step()
-    jax.block_until_ready((training.params(), loss))
+    training.synchronize()
     times.append(time.perf_counter() - start)
     losses.append(float(loss))
 

@@ -76,6 +76,9 @@ class Pipeline:
     def params(self) -> dict:
         return {k: v for stage in self.stages for k, v in stage.params.items()}
 
+    def synchronize(self) -> None:
+        jax.block_until_ready(self.params())
+
     def _accumulate(self) -> jax.Array:
         """Every micro-batch forward and backward, in schedule order; gradients land in stage.grads."""
         last = len(self.stages) - 1

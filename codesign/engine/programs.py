@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 import flax.linen as nn
 import jax
@@ -37,6 +37,9 @@ class Training(Protocol):
     def step(self) -> jax.Array:
         """One iteration (all micro-batches, one optimizer update); returns the loss, unsynchronised."""
 
+    def synchronize(self) -> None:
+        """Wait until the last step's update has landed on every device."""
+
     def gradients(self) -> tuple[jax.Array, dict]:
         """Loss and gradients at the current parameters, without updating them."""
 
@@ -62,12 +65,13 @@ def stage_parameters(job: Job, plan: Plan, stage: StagePlan, mesh: Mesh) -> tupl
 
 
 def init_state(job: Job, stage: StagePlan, optimizer: optax.GradientTransformation,
-               shardings: tuple[Any, ...]) -> tuple[Any, ...]:
+               shardings: tuple[Any, ...], view: Callable[[dict], Any] = lambda params: params) -> tuple[Any, ...]:
     """In one program: the stage's slice of the initial parameters (the same values under every
-    plan), Adam's state and, when three shardings are given, a zeroed gradient accumulator."""
+    plan; as `view` holds them), Adam's state and, when three shardings are given, a zeroed
+    gradient accumulator."""
 
     def init(key):
-        params = nn.meta.unbox(network.init_params(job.model, key, layers=stage.layers))
+        params = view(nn.meta.unbox(network.init_params(job.model, key, layers=stage.layers)))
         state = (params, optimizer.init(params), jax.tree.map(jnp.zeros_like, params))
         return state[:len(shardings)]
 
