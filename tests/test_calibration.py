@@ -12,7 +12,7 @@ from codesign.planner.calibration import COMPONENTS, fitted_factors, probe_jobs,
 from codesign.planner.cost import Workload, estimate
 from codesign.planner.plan import make_plan
 from codesign.planner.profiles import BUILTIN
-from tests.conftest import run_on_devices
+from tests.conftest import FAST_XLA, run_on_devices
 
 
 def predicted(profile, jobs):
@@ -83,9 +83,11 @@ def test_the_fit_runs_without_jax():
 
 
 @pytest.mark.slow
-def test_probe_steps_on_fewer_devices_are_timed_in_a_child_that_sees_only_those():
+def test_probe_steps_on_fewer_devices_are_timed_in_a_child_that_sees_only_those(monkeypatch):
     """The child compiles its probe steps once, then times a round each time it is asked."""
     from codesign.engine.profile import PROBE_ROUNDS, PROBE_SECONDS, ChildProbes  # JAX: here only
+
+    monkeypatch.setenv("XLA_FLAGS", FAST_XLA)  # the child inherits it: its compiles are most of the test
 
     child = ChildProbes(1, 1)
     try:
