@@ -6,6 +6,7 @@ before anything is allocated on the devices.
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from dataclasses import dataclass
@@ -55,6 +56,11 @@ class FlatView:
         offsets = np.cumsum([0, *(math.prod(shape) for shape in self.shapes)])
         return self.treedef.unflatten([flat[a:b].reshape(shape) for a, b, shape in
                                        zip(offsets[:-1], offsets[1:], self.shapes)])
+
+    @functools.cached_property
+    def tree(self) -> Callable[[jax.Array], dict]:
+        """leaves, compiled once (params() and gradients() read the tree back through it)."""
+        return jax.jit(self.leaves)
 
     def abstract(self) -> jax.ShapeDtypeStruct:
         return jax.ShapeDtypeStruct((sum(math.prod(shape) for shape in self.shapes),), jnp.float32)
@@ -107,7 +113,7 @@ class SingleStage:
         return self._tree(self.state[0])
 
     def _tree(self, values: Any) -> dict:
-        return values if self.view is None else jax.jit(self.view.leaves)(values)
+        return values if self.view is None else self.view.tree(values)
 
 
 def loss_fn(job: Job, groups: tuple[tuple[int, ...], ...], remat: bool) -> Callable:
