@@ -13,6 +13,7 @@ from codesign.planner.plan import make_plan
 from codesign.spec.types import ModelSpec
 from codesign.zhen import network
 
+ADAM_B1 = 0.9  # optax.adam's default, which the engine uses
 LOSS_TOL = 1e-5  # absolute, on losses near 1-2
 GRAD_TOL = 1e-4  # largest difference relative to the leaf's largest reference gradient, first step
 UPDATE_TOL = 1e-3  # per leaf: |params moved - reference moved| / |reference moved|, two Adam steps
@@ -30,12 +31,14 @@ def leaves(tree) -> list[np.ndarray]:
 
 def two_steps(job, plan=None) -> dict:
     """Losses of two steps, first-step gradients, initial and final parameters, under the plan
-    given (else the job's manual plan)."""
+    given (else the job's manual plan). The gradients are those the step itself applied, read
+    from Adam's first moment after it (from zero, it moves to (1 - b1) x the gradients)."""
     training = build_training(job, plan or make_plan(job))
-    _, grads = training.gradients()
     initial = leaves(training.params())
-    losses, _ = train_steps(training, 2)
-    return {"losses": losses, "grads": leaves(grads), "initial": initial, "params": leaves(training.params())}
+    losses, _ = train_steps(training, 1)
+    grads = [m / np.float32(1 - ADAM_B1) for m in leaves(training.first_moments())]
+    losses += train_steps(training, 1)[0]
+    return {"losses": losses, "grads": grads, "initial": initial, "params": leaves(training.params())}
 
 
 def live_leaves(reference: dict) -> list[bool]:

@@ -65,13 +65,8 @@ class Pipeline:
             stage.params, stage.opt_state, stage.grads = stage.update(stage.params, stage.opt_state, stage.grads)
         return loss
 
-    def gradients(self) -> tuple[jax.Array, dict]:
-        loss = self._accumulate()
-        grads = {k: v for stage in self.stages for k, v in stage.grads.items()}
-        for stage in self.stages:
-            stage.grads = jax.tree.map(lambda g: jax.device_put(np.zeros(g.shape, g.dtype), g.sharding),
-                                       stage.grads)
-        return loss, grads
+    def first_moments(self) -> dict:
+        return {k: v for stage in self.stages for k, v in stage.opt_state[0].mu.items()}
 
     def params(self) -> dict:
         return {k: v for stage in self.stages for k, v in stage.params.items()}

@@ -59,7 +59,7 @@ class FlatView:
 
     @functools.cached_property
     def tree(self) -> Callable[[jax.Array], dict]:
-        """leaves, compiled once (params() and gradients() read the tree back through it)."""
+        """leaves, compiled once (params() and first_moments() read the tree back through it)."""
         return jax.jit(self.leaves)
 
     def abstract(self) -> jax.ShapeDtypeStruct:
@@ -88,7 +88,6 @@ class SingleStage:
     """pp = 1: one fused program (micro-batches accumulated in a scan, one update) on one mesh."""
 
     compiled: Callable  # (params, opt_state, xs, ys) -> (params, opt_state, loss)
-    value_and_grad: Callable  # jitted (params, xs, ys) -> (loss, grads)
     state: tuple[Any, Any]  # (params, opt_state); params flat where `view` is set
     x: jax.Array
     y: jax.Array
@@ -105,9 +104,8 @@ class SingleStage:
     def synchronize(self) -> None:
         jax.block_until_ready(self.state)
 
-    def gradients(self) -> tuple[jax.Array, dict]:
-        loss, grads = self.value_and_grad(self.state[0], self.x, self.y)
-        return loss, self._tree(grads)
+    def first_moments(self) -> dict:
+        return self._tree(self.state[1][0].mu)
 
     def params(self) -> dict:
         return self._tree(self.state[0])
@@ -219,9 +217,9 @@ def build_single_stage(job: Job, plan: Plan) -> SingleStage:
     memory = programs.compiled_memory(compiled)
     programs.ensure_fits(memory)
     params, opt_state = programs.init_state(job, stage, optimizer, (shardings, opt_shardings),
-                                            view.flatten if view else lambda tree: tree)
+                                            view.flatten if view else None)
     x, y = programs.synthetic_batch(job, plan.num_micro_batches, batch, batch)
-    return SingleStage(compiled, jax.jit(grad_fn), (params, opt_state), x, y, compile_time, memory, (described,), view)
+    return SingleStage(compiled, (params, opt_state), x, y, compile_time, memory, (described,), view)
 
 
 def deferred_sync(plan: Plan, mesh: Mesh, shardings: dict) -> tuple[Mesh, str, dict] | None:
