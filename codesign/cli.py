@@ -283,7 +283,9 @@ def check_devices(config: Config, book) -> None:
 
 
 def _jax_cache(db: str) -> str:
-    return str(Path(db).resolve().parent / "jax_cache")
+    """JAX's compilation cache for the jobs: JAX's own JAX_COMPILATION_CACHE_DIR where the user
+    set one (one cache for every DB), else jax_cache/ beside the DB."""
+    return os.environ.get("JAX_COMPILATION_CACHE_DIR") or str(Path(db).resolve().parent / "jax_cache")
 
 
 def _executor(db: str, address: str | None, hosts: Hosts, args: argparse.Namespace) -> Executor:

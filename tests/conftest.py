@@ -18,8 +18,13 @@ os.environ.setdefault("CODESIGN_PROFILE", "builtin")
 os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="codesign-tests-cache-")
 USER_CONFIGS = REPO / "tests" / "data" / "user-configs"
 SHARED_FIXTURES = REPO.parent / "shared" / "fixtures" / "user-configs"  # checked against, where present
-# Equivalence tests on 2 CPU cores are compile-bound: unoptimised XLA code compiles in half the time.
+# Tests on 2 CPU cores are compile-bound: unoptimised XLA code compiles in half the time. Every
+# process of the suite compiles so (the sweeps' job processes inherit it) but where a test times
+# steps against the cost model or a profile (it then sets XLA_FLAGS itself); and every one shares
+# one compilation cache, as a user's JAX_COMPILATION_CACHE_DIR makes every DB share it.
 FAST_XLA = "--xla_backend_optimization_level=0"
+os.environ.setdefault("XLA_FLAGS", FAST_XLA)  # a test's subprocess imports this module with its own
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(os.environ["XDG_CACHE_HOME"], "jax"))
 
 
 def db_rows(db) -> list[dict]:

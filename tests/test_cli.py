@@ -274,6 +274,15 @@ def test_plan_and_the_sweep_price_every_job_of_the_default_config_alike(default_
         assert r["predicted_time"] == pytest.approx(swept[key], rel=1e-9)
 
 
+def test_jobs_compile_into_jaxs_own_cache_dir_where_the_user_set_one(tmp_path, monkeypatch):
+    from codesign.cli import _jax_cache
+
+    monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR", raising=False)
+    assert _jax_cache(str(tmp_path / "r.db")) == str(tmp_path / "jax_cache")
+    monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", str(tmp_path / "shared"))
+    assert _jax_cache(str(tmp_path / "r.db")) == str(tmp_path / "shared")
+
+
 def test_help_lists_the_commands_each_with_its_own_help_and_the_version(tmp_path):
     top = run_cli("--help", cwd=tmp_path)
     assert top.returncode == 0

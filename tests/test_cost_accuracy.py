@@ -72,7 +72,7 @@ def test_a_cpu_sweep_is_predicted_within_bounds(tmp_path):
     """With the built-in cpu profile (this machine's measurement; measuring again would take
     most of the test's time): every attempt records a prediction before it compiles."""
     (tmp_path / "c.toml").write_text(CONFIG)
-    proc = run_cli("-c", "c.toml", "-d", "r.db", cwd=tmp_path, env={"CODESIGN_PROFILE": "builtin"})
+    proc = run_cli("-c", "c.toml", "-d", "r.db", cwd=tmp_path, env={"CODESIGN_PROFILE": "builtin", "XLA_FLAGS": ""})
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "profiling" not in proc.stderr
     conn = sqlite3.connect(tmp_path / "r.db")

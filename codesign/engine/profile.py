@@ -50,7 +50,7 @@ from jax.sharding import PartitionSpec as P
 from scipy.optimize import nnls
 
 from codesign.engine.job import build_training, configure_jax, train_steps
-from codesign.engine.programs import DTYPES
+from codesign.engine.programs import DTYPES, initial_params
 from codesign.engine.step import accumulate, loss_fn
 from codesign.planner.calibration import (
     CONTENTION,
@@ -475,7 +475,7 @@ def speedup(repeats: int) -> tuple[float, list[tuple[int, float]]]:
     peak = 4 * 256**3 / median_time(lambda: big(w, w), repeats)
     job = probe_job(1, (1, 1, 1), 1, SPEEDUP_SAMPLES)
     loss = loss_fn(job, ((0, 1),), False)
-    params = nn.meta.unbox(network.init_params(job.model, jax.random.key(0)))
+    params = initial_params(job.model, tuple(range(job.model.num_zhen_layers)), job.training.seed)
 
     def local(params, x, y):
         value, grads = jax.value_and_grad(loss)(params, x, y)
