@@ -26,6 +26,9 @@ from codesign.spec.types import Job, ModelSpec
 from codesign.zhen import counts, network
 
 DTYPES = {"fp32": jnp.float32, "bf16": jnp.bfloat16}
+# XLA:CPU's options for a program run once (initial values, synthetic data): its backend's
+# lowest optimisation level compiles in about half the time.
+RUN_ONCE = {"xla_backend_optimization_level": 0}
 
 
 class Training(Protocol):
@@ -80,8 +83,7 @@ def _initial_params_program(platform: str) -> Callable[[ModelSpec, tuple[int, ..
     def initial(model: ModelSpec, layers: tuple[int, ...], seed: int) -> dict:
         return nn.meta.unbox(network.init_params(model, jax.random.key(seed), layers=layers))
 
-    return jax.jit(initial, static_argnums=(0, 1, 2),
-                   compiler_options={"xla_backend_optimization_level": 0} if platform == "cpu" else None)
+    return jax.jit(initial, static_argnums=(0, 1, 2), compiler_options=RUN_ONCE if platform == "cpu" else None)
 
 
 def init_state(job: Job, stage: StagePlan, optimizer: optax.GradientTransformation,
@@ -179,17 +181,21 @@ def synthetic_batch(job: Job, micro_batches: int, x_sharding: NamedSharding,
     Inputs come in the compute precision, as a bf16 data pipeline would feed them: the step does
     not convert them (the model casts its input to that precision first, so the values are the same)."""
     m, b = job.model, job.global_batch
-    kx, ky = jax.random.split(jax.random.key(job.training.seed + 1))
+
+    def key(which: int) -> jax.Array:
+        return jax.random.split(jax.random.key(job.training.seed + 1))[which]
 
     def inputs():
-        x = jax.random.normal(kx, (b, m.emb_dim, m.num_features), jnp.float32).astype(DTYPES[job.training.precision])
-        return x.reshape(micro_batches, b // micro_batches, *x.shape[1:])
+        x = jax.random.normal(key(0), (b, m.emb_dim, m.num_features), jnp.float32)
+        return x.astype(DTYPES[job.training.precision]).reshape(micro_batches, b // micro_batches, *x.shape[1:])
 
     def targets():
-        y = jax.random.normal(ky, (b, counts.output_width(m)), jnp.float32)
+        y = jax.random.normal(key(1), (b, counts.output_width(m)), jnp.float32)
         return y.reshape(micro_batches, b // micro_batches, -1)
 
-    return jax.jit(inputs, out_shardings=x_sharding)(), jax.jit(targets, out_shardings=y_sharding)()
+    options = RUN_ONCE if jax.default_backend() == "cpu" else None
+    return (jax.jit(inputs, out_shardings=x_sharding, compiler_options=options)(),
+            jax.jit(targets, out_shardings=y_sharding, compiler_options=options)())
 
 
 def apply_groups(job: Job, groups: tuple[tuple[int, ...], ...], remat: bool):
