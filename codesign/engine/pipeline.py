@@ -65,7 +65,7 @@ class Pipeline:
         return loss
 
     def first_moments(self) -> dict:
-        return {k: v for stage in self.stages for k, v in stage.opt_state[0].mu.items()}
+        return {k: v for stage in self.stages for k, v in optax.tree_utils.tree_get(stage.opt_state, "mu").items()}
 
     def params(self) -> dict:
         return {k: v for stage in self.stages for k, v in stage.params.items()}

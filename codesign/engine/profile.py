@@ -50,7 +50,7 @@ from jax.sharding import PartitionSpec as P
 from scipy.optimize import nnls
 
 from codesign.engine.job import build_training, configure_jax, train_steps
-from codesign.engine.programs import DTYPES, initial_params
+from codesign.engine.programs import DTYPES, initial_params, run_once_options
 from codesign.engine.step import accumulate, loss_fn
 from codesign.planner.calibration import (
     CONTENTION,
@@ -546,8 +546,7 @@ def update_scratch(widths: tuple[int, int, int]) -> float:
     x = jax.ShapeDtypeStruct((1, 1, emb, f_in), jnp.float32)
     y = jax.ShapeDtypeStruct((1, 1, counts.output_width(model)), jnp.float32)
     compiled = jax.jit(step, donate_argnums=(0, 1)).lower(params, jax.eval_shape(optimizer.init, params), x, y)
-    # Buffers are assigned before XLA:CPU's backend optimises: its lowest level, half the compile.
-    stats = compiled.compile({"xla_backend_optimization_level": 0} if platform == "cpu" else None).memory_analysis()
+    stats = compiled.compile(run_once_options()).memory_analysis()  # buffers are assigned before the backend
     param_bytes = 4 * counts.param_count(model)
     return max(float(stats.temp_size_in_bytes) / param_bytes - 1, 0.0) if stats is not None else 0.0
 

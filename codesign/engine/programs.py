@@ -26,9 +26,6 @@ from codesign.spec.types import Job, ModelSpec
 from codesign.zhen import counts, network
 
 DTYPES = {"fp32": jnp.float32, "bf16": jnp.bfloat16}
-# XLA:CPU's options for a program run once (initial values, synthetic data): its backend's
-# lowest optimisation level compiles in about half the time.
-RUN_ONCE = {"xla_backend_optimization_level": 0}
 
 
 class Training(Protocol):
@@ -75,15 +72,22 @@ def initial_params(model: ModelSpec, layers: tuple[int, ...], seed: int) -> dict
     serves it to the next job). Its random draws unroll into ~500 fusions: XLA:CPU compiled an
     8-layer test model's in 4.0 s, or 2.3 s at the lowest backend optimisation, which leaves a
     program run once 12 ms instead of 3 (that level on GPUs is unmeasured: not used there)."""
-    return _initial_params_program(jax.default_backend())(model, layers, seed)
+    return _initial_params_program()(model, layers, seed)
 
 
 @functools.cache
-def _initial_params_program(platform: str) -> Callable[[ModelSpec, tuple[int, ...], int], dict]:
+def _initial_params_program() -> Callable[[ModelSpec, tuple[int, ...], int], dict]:
     def initial(model: ModelSpec, layers: tuple[int, ...], seed: int) -> dict:
         return nn.meta.unbox(network.init_params(model, jax.random.key(seed), layers=layers))
 
-    return jax.jit(initial, static_argnums=(0, 1, 2), compiler_options=RUN_ONCE if platform == "cpu" else None)
+    return jax.jit(initial, static_argnums=(0, 1, 2), compiler_options=run_once_options())
+
+
+def run_once_options() -> dict[str, Any] | None:
+    """Compiler options for a program run once or only analysed (initial values, synthetic data,
+    a memory analysis): on XLA:CPU its backend's lowest optimisation level, about half the
+    compile; elsewhere the defaults (unmeasured)."""
+    return {"xla_backend_optimization_level": 0} if jax.default_backend() == "cpu" else None
 
 
 def init_state(job: Job, stage: StagePlan, optimizer: optax.GradientTransformation,
@@ -92,7 +96,7 @@ def init_state(job: Job, stage: StagePlan, optimizer: optax.GradientTransformati
     by the plan (replicated where `view` flattens them), then in one program as `view` holds
     them, Adam's state and, when three shardings are given, a zeroed gradient accumulator. The
     whole slice sits on one device until it is placed."""
-    params = initial_params(job.model, tuple(stage.layers), job.training.seed)
+    params = initial_params(job.model, stage.layers, job.training.seed)
     params = jax.device_put(params, shardings[0] if view is None else jax.tree.map(lambda _: shardings[0], params))
 
     def init(params):
@@ -193,7 +197,7 @@ def synthetic_batch(job: Job, micro_batches: int, x_sharding: NamedSharding,
         y = jax.random.normal(key(1), (b, counts.output_width(m)), jnp.float32)
         return y.reshape(micro_batches, b // micro_batches, -1)
 
-    options = RUN_ONCE if jax.default_backend() == "cpu" else None
+    options = run_once_options()
     return (jax.jit(inputs, out_shardings=x_sharding, compiler_options=options)(),
             jax.jit(targets, out_shardings=y_sharding, compiler_options=options)())
 

@@ -105,7 +105,7 @@ class SingleStage:
         jax.block_until_ready(self.state)
 
     def first_moments(self) -> dict:
-        return self._tree(self.state[1][0].mu)
+        return self._tree(optax.tree_utils.tree_get(self.state[1], "mu"))
 
     def params(self) -> dict:
         return self._tree(self.state[0])
