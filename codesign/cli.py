@@ -417,7 +417,8 @@ def profile_main(argv: list[str]) -> int:
     if platform == "gpu" and not hosts.gpus[0]:
         raise UserError("--platform gpu: JAX sees no GPU on this machine")
     cache = ProfileCache()
-    profile = measure(this_machine(platform, hosts), cache, timeout=args.timeout)
+    jax_cache = os.environ.get("JAX_COMPILATION_CACHE_DIR") or str(cache.root / "jax_cache")
+    profile = measure(this_machine(platform, hosts), cache, jax_cache, timeout=args.timeout)
     if profile is None:
         return 1
     print(f"codesign: kept in {cache.path(this_machine(platform, hosts))}; `codesign reprice -d DB` re-prices "

@@ -82,6 +82,20 @@ def test_an_auto_search_job_measures_once_right_before_it_and_every_db_shares_th
     assert {r["profile_id"] for r in db_rows(tmp_path / "other.db")} == {ids[3]}
 
 
+def test_the_profile_compiles_through_the_jobs_persistent_cache(tmp_path, measuring_env):
+    (tmp_path / "c.toml").write_text(AUTO_CONFIG)
+    env = dict(measuring_env, FAULT_CACHES=str(tmp_path / "caches"))
+    env.pop("JAX_COMPILATION_CACHE_DIR", None)
+    assert fault_cli(tmp_path, env, "-c", "c.toml", "-d", "r.db").returncode == 0
+    assert fault_cli(tmp_path, env, "profile", "--platform", "cpu").returncode == 0
+    shared = dict(env, JAX_COMPILATION_CACHE_DIR=str(tmp_path / "shared"))
+    assert fault_cli(tmp_path, shared, "profile", "--platform", "cpu").returncode == 0
+    assert (tmp_path / "caches").read_text().splitlines() == [
+        str(tmp_path / "jax_cache"),  # the sweep's: its jobs' cache beside the DB
+        os.path.join(env["XDG_CACHE_HOME"], "codesign", "profiles", "jax_cache"),  # no DB: the user's cache
+        str(tmp_path / "shared")]  # JAX's own, where the user set one: every job's too
+
+
 def test_a_sweep_whose_jobs_are_all_skipped_never_profiles(tmp_path, measuring_env):
     (tmp_path / "c.toml").write_text(AUTO_CONFIG)
     env = dict(measuring_env, CODESIGN_PROFILE="builtin")

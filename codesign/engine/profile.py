@@ -120,8 +120,11 @@ class LoopSizes:
     seconds: float  # device time each long loop aims at
 
 
-# The seed model's layer widths (F_in 512, then 80) at the micro-batch sizes its sweeps give a device.
-GPU_LOOPS = LoopSizes(8192, 2**29, ((512, 20, 160), (80, 20, 160)), (32, 256, 1024),
+# The seed model's layer widths (F_in 512, then 80), each at two micro-batch sizes: the points
+# span a sweep's calls by FLOPs, and past the largest the cost model goes on at the slope of the
+# last two. (Three sizes, 32-1024: the 24 mixer programs did not compile in 95 s on an H100;
+# autotuning each program's matmuls is most of it.)
+GPU_LOOPS = LoopSizes(8192, 2**29, ((512, 20, 160), (80, 20, 160)), (128, 1024),
                       tuple(2**k for k in range(20, 29, 2)), 0.01)
 SMALL_LOOPS = LoopSizes(  # CODESIGN_PROFILE_LOOPS=small, for tests on CPU
     128, 2**20, ((16, 4, 8), (8, 2, 8)), (4, 16), (2**12, 2**16), 0.002)
@@ -240,7 +243,7 @@ def mixer_section(kind: str, precision: str, sizes: LoopSizes) -> MixerSection:
                        lambda c, g=loss: (c[0], c[1], g(c[0], c[1]))]
             makers += [lambda c=carry, m=module: c(m.apply), lambda c=carry, g=loss: c(g)]
             work.append(batch * flops)
-    init = jax.jit(lambda: tuple(make() for make in makers))
+    init = jax.jit(lambda: tuple(make() for make in makers), compiler_options=run_once_options())
     lowered = compiled(looped(bodies)).lower(jax.eval_shape(init), jax.ShapeDtypeStruct((len(makers),), jnp.int32))
     return MixerSection(lowered, init.lower(), work)
 
@@ -249,12 +252,21 @@ def compile_side_by_side(lowered: dict[Any, Any]) -> dict[Any, Any]:
     """Each lowered program compiled, several at once: XLA compiles (and autotunes) outside the
     GIL, and on a GPU compiling is most of a profile's time (one section after another, the two
     DOT sections alone took 80 s on an H100)."""
-    start = time.perf_counter()
+    start, took = time.perf_counter(), {}
+
+    def compile_one(name: Any, program: Any) -> Any:
+        begin = time.perf_counter()
+        done = program.compile()
+        took[name] = time.perf_counter() - begin
+        return done
+
     with ThreadPoolExecutor(max_workers=max(1, min(len(lowered), os.cpu_count() or 1))) as pool:
-        futures = {name: pool.submit(program.compile) for name, program in lowered.items()}
+        futures = {name: pool.submit(compile_one, name, program) for name, program in lowered.items()}
         done = {name: future.result() for name, future in futures.items()}
     if done:
-        log.info("  (%d programs compiled side by side in %.1f s)", len(done), time.perf_counter() - start)
+        slowest = sorted(took.items(), key=lambda item: -item[1])[:4]
+        log.info("  (%d programs compiled side by side in %.1f s; slowest %s)", len(done),
+                 time.perf_counter() - start, ", ".join(f"{name} {seconds:.1f} s" for name, seconds in slowest))
     return done
 
 

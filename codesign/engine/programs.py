@@ -83,11 +83,12 @@ def _initial_params_program() -> Callable[[ModelSpec, tuple[int, ...], int], dic
     return jax.jit(initial, static_argnums=(0, 1, 2), compiler_options=run_once_options())
 
 
-def run_once_options() -> dict[str, Any] | None:
+def run_once_options() -> dict[str, Any]:
     """Compiler options for a program run once or only analysed (initial values, synthetic data,
     a memory analysis): on XLA:CPU its backend's lowest optimisation level, about half the
-    compile; elsewhere the defaults (unmeasured)."""
-    return {"xla_backend_optimization_level": 0} if jax.default_backend() == "cpu" else None
+    compile; on a GPU no autotuning of its matmuls (a default kernel serves one call, and
+    buffers are assigned the same)."""
+    return {"xla_backend_optimization_level": 0} if jax.default_backend() == "cpu" else {"xla_gpu_autotune_level": 0}
 
 
 def init_state(job: Job, stage: StagePlan, optimizer: optax.GradientTransformation,
