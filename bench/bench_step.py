@@ -7,8 +7,8 @@
 
 Rows per precision and batch (--rows, in this order): `project` (the step codesign runs),
 `project-serial` (its ATTENTION encoders one after another instead of one vmapped encoder per
-layer), `project-flat` (parameters and Adam's state as flat vectors instead of one array
-per leaf: engine.step.FlatView), `project-fold` (with fold_dot, the DOT mixer over the Gram's upper blocks) and `reference`
+layer), `project-flat` and `project-leaves` (parameters and Adam's state as flat vectors,
+engine.step.FlatView, or one array per leaf: the default is flat on a GPU, per leaf on CPU), `project-fold` (with fold_dot, the DOT mixer over the Gram's upper blocks) and `reference`
 (reference_step.py: jax.numpy from DESIGN.md, optax.adam, one jit), then project/reference.
 TFLOP/s are model FLOPs (3x the analytical forward, DOT over all F_in^2 pairs); peak memory
 and compile time (lowering and XLA compilation) come from the compiled program. --hlo adds the
@@ -52,7 +52,7 @@ MODELS = {
 WARMUP = 2
 TRACE_STEPS = 5  # at most, after the timed ones: enough to see every kernel, few enough to read the trace
 STEP_NAME = "bench_step"  # the StepTraceAnnotation that marks a traced step
-ROWS = ("project", "project-serial", "project-flat", "project-fold", "reference")
+ROWS = ("project", "project-serial", "project-flat", "project-leaves", "project-fold", "reference")
 
 
 def _job(model: ModelSpec, batch: int, precision: str, fold: bool) -> Job:
@@ -81,11 +81,14 @@ def project_training(model: ModelSpec, batch: int, precision: str, fold: bool) -
 def project_variant(row: str, model: ModelSpec, batch: int, precision: str) -> programs.Training:
     """The project's training step as the row names it (network.BATCH_ENCODERS is read while
     tracing, single_stage.FLAT_STATE while building)."""
-    network.BATCH_ENCODERS, single_stage.FLAT_STATE = row != "project-serial", row == "project-flat"
+    default = single_stage.FLAT_STATE
+    network.BATCH_ENCODERS = row != "project-serial"
+    if row in ("project-flat", "project-leaves"):
+        single_stage.FLAT_STATE = dict.fromkeys(default, row == "project-flat")
     try:
         return project_training(model, batch, precision, row == "project-fold")
     finally:
-        network.BATCH_ENCODERS, single_stage.FLAT_STATE = True, False
+        network.BATCH_ENCODERS, single_stage.FLAT_STATE = True, default
 
 
 def bench_project(row: str, model: ModelSpec, batch: int, precision: str, steps: int) -> dict:

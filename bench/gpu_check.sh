@@ -1,16 +1,18 @@
 #!/usr/bin/env bash
-# The one prepared GPU check (device tool), at most 6 minutes, each part under its own timeout,
+# The one prepared GPU check (device tool), about 8 minutes (parts 1-4: 5), each part under its own timeout,
 # the most important first so that a cut-short run still shows them:
 #  1. the step bench on the seed model, batch 1024: project bf16 with its kernel table (a
-#     jax.profiler trace) and its second compile from the persistent cache; project-flat (flat
-#     parameters and Adam state) and the plain reference, bf16; project and reference, fp32;
-#     compile times and optimized-HLO op counts;
+#     jax.profiler trace) and its second compile from the persistent cache, then project fp32;
+#     compile times (cold: the first compiles into an empty cache) and optimized-HLO op counts;
 #  2. `codesign profile`: its wall time (target <= 60 s), matmul rates per precision, HBM
 #     bandwidth, each mixer program's compile; kept in the profile cache, so part 3 is priced by it;
 #  3. bench/gpu_cost.toml (the seed model and a second model of other widths and mixers, one GPU)
 #     through the real CLI at bf16 and fp32, batch 1024 and 4096, into one fresh DB;
 #  4. the cost model's error on those results (bench/bench_cost_model.py; target: median <= 10%);
-#  5. the step bench at batch 4096: project and reference, bf16 then fp32.
+#  5. the step bench at batch 1024, bf16 then fp32: project-leaves (one array per leaf of the
+#     parameters and Adam state instead of flat vectors) and the plain reference;
+#  6. the step bench at batch 4096: project and reference, bf16 then fp32.
+# GPU_CHECK_PARTS="1 2 3 4" runs those parts alone (default: all), for a device lease too short for all.
 # Every part compiles through one persistent cache (JAX_COMPILATION_CACHE_DIR, empty at the start):
 # part 1's first compiles are cold; the profile and the CLI's jobs share it, as a sweep's do.
 # Runs with scripts/python.sh (the machine's own JAX where there is no .venv). What comes back:
@@ -33,7 +35,7 @@ if [ -n "${GPU_CHECK_SMOKE:-}" ]; then
 else
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
   model=(--model seed --steps 20) b1=1024 b2=4096 platform=gpu batches="1024 4096" precisions="bf16 fp32"
-  t_bench=70 t_profile=100 t_cli=150 t_cost=20 t_large=80
+  t_bench=70 t_profile=100 t_cli=150 t_cost=20 t_large=100
 fi
 "$py" -c "import jax, jaxlib, flax, optax; print('jax', jax.__version__, 'jaxlib', jaxlib.__version__, 'flax', flax.__version__, 'optax', optax.__version__, jax.devices())"
 
@@ -42,20 +44,23 @@ keep() {  # the files made so far, back in one archive (the JAX caches stay behi
 }
 bench_step() { timeout $t_bench "$py" bench/bench_step.py "${model[@]}" --cache "$JAX_COMPILATION_CACHE_DIR" "$@"; }
 
-echo "## 1. step bench, batch $b1"
-bench_step --batch $b1 --precision bf16 --rows project --hlo --trace "$work/trace" --recompile
-bench_step --batch $b1 --precision bf16 --rows project-flat reference --hlo
-bench_step --batch $b1 --precision fp32 --rows project reference --hlo
-keep
+part() { [[ " ${GPU_CHECK_PARTS:-1 2 3 4 5 6} " == *" ${1%.} "* ]] && echo "## $*"; }
 
-echo "## 2. codesign profile"
+if part 1. step bench, batch $b1; then
+bench_step --batch $b1 --precision bf16 --rows project --hlo --trace "$work/trace" --recompile
+bench_step --batch $b1 --precision fp32 --rows project --hlo
+keep
+fi
+
+if part 2. codesign profile; then
 start=$(date +%s%N)
 timeout $t_profile "$py" -m codesign profile --platform $platform > "$work/profile.json" 2> "$work/profile.txt"
 echo "codesign profile: exit $?, $(( ($(date +%s%N) - start) / 1000000 )) ms"
 grep -E "matmul|bandwidth|memory|dispatch|compiled|measured in|bf16|fp32|all-reduce|all-gather|reduce-scatter|profiled|failed|timed out|Error" "$work/profile.txt" | cut -c1-400
 keep
+fi
 
-echo "## 3. bench/gpu_cost.toml through the CLI: precisions $precisions, batches $batches"
+if part 3. bench/gpu_cost.toml through the CLI: precisions $precisions, batches $batches; then
 deadline=$(( $(date +%s) + t_cli ))
 for precision in $precisions; do
   for batch in $batches; do
@@ -75,11 +80,19 @@ print(frame[["status", "token_mixer", "precision", "input_batch_size", "median",
              "max_memory", "predicted_memory", "compile_time", "profile_id"]].to_string(index=False))
 PY
 keep
+fi
 
-echo "## 4. cost model error"
+if part 4. cost model error; then
 timeout $t_cost "$py" bench/bench_cost_model.py -d "$work/gpu.db" -v
 keep
+fi
 
-echo "## 5. step bench, batch $b2"
+if part 5. step bench, batch $b1: project-leaves and reference; then
+t_bench=$t_large bench_step --batch $b1 --precision bf16 fp32 --rows project-leaves reference --hlo
+keep
+fi
+
+if part 6. step bench, batch $b2; then
 t_bench=$t_large bench_step --batch $b2 --precision bf16 fp32 --rows project reference
 keep
+fi

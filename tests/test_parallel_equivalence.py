@@ -1,5 +1,5 @@
-"""op, dp with micro-batches, the batch on op and ZeRO-2 against the single-device reference (the
-fixture's dp and dp x op plans are test_pipeline.py's)."""
+"""op, dp with micro-batches (per leaf, and flat as on a GPU), the batch on op and ZeRO-2 against
+the single-device reference (the fixture's dp and dp x op plans are test_pipeline.py's)."""
 
 import json
 
@@ -27,6 +27,9 @@ cases = {"op4": job(4, (1, 1, 4), 1), "dp4 mb4": job(4, (1, 4, 1), 4),
          "dp2xop2 mb2 zero2": job(4, (1, 2, 2), 2, (("prefer_reduce_scatter", True),)),
          "single mb2": job(1, (1, 1, 1), 2, per_device=32)}
 result = {name: differences(two_steps(j), reference, live) for name, j in cases.items()}
+from codesign.engine import step
+step.FLAT_STATE = {"cpu": True}  # a GPU's default: replicated state as flat vectors, one gradient all-reduce
+result["dp4 mb4 flat"] = differences(two_steps(job(4, (1, 4, 1), 4)), reference, live)
 print(json.dumps({"ref": reference["losses"], "live": sum(live), "leaves": len(live), "cases": result}))
 """
 

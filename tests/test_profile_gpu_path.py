@@ -105,8 +105,21 @@ def test_mixer_points_are_forward_and_backward_seconds_by_flops(tiny):
     assert [2 * w for w, _ in forward] == [w for w, _ in backward]  # keyed by the call's backward FLOPs
     for points in (forward, backward):
         assert points[0][0] < points[1][0] and 0 < points[0][1] <= points[1][1]
-    rate = points_rate(forward, backward, 1e13)
+    rate = points_rate(forward, backward, 1e13, tiny.batches[0] / tiny.batches[-1])
     assert rate.forward > 0 and rate.backward > 0 and rate.overhead > 0
+    assert sections["DOT"].inners == [64, 64] * 2  # tiny bodies: the most iterations a trip
+
+
+def test_past_the_largest_point_the_rate_is_that_widths_own_marginal_rate():
+    from codesign.engine.profile import inner_count, points_rate
+
+    # Two widths of about the same FLOPs, each at micro-batches 128 and 1024 (ratio 1/8).
+    forward = ((0.9e9, 9e-5), (1e9, 1e-4), (7.2e9, 7e-4), (8e9, 8e-4))
+    rate = points_rate(forward, tuple((2 * w, 2 * s) for w, s in forward), 1e15, 1 / 8)
+    assert rate.forward == pytest.approx(7e9 / 7e-4) and rate.backward == pytest.approx(7e9 / 7e-4)
+    assert points_rate(forward, forward, 5e12, 1 / 8).forward == 5e12  # never past the matmul peak
+    assert points_rate(forward, forward, 1e15, 1 / 3).forward == pytest.approx(0.8e9 / 1e-4)  # no partner
+    assert [inner_count(f) for f in (1e3, 2e11 / 8, 2e11, 1e12)] == [64, 8, 4, 4]
 
 
 def test_sections_are_saved_as_they_come_and_a_rerun_measures_only_what_is_missing(tmp_path, tiny, monkeypatch):

@@ -76,7 +76,7 @@ def test_replicated_parameters_and_adams_state_are_flat_vectors_with_the_same_st
 
     states = {}
     for flat in (True, False):
-        monkeypatch.setattr(single_stage, "FLAT_STATE", flat)
+        monkeypatch.setattr(single_stage, "FLAT_STATE", {"cpu": flat})
         states[flat] = len(jax.tree.leaves(job_body.build_training(JOB, make_plan(JOB)).state))
         runs = states.setdefault("runs", {})
         runs[flat] = two_steps(JOB)

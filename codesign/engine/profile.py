@@ -102,8 +102,11 @@ class Parts:
 
 # -- the loop-timed path (GPUs) -------------------------------------------------------------------
 
-INNER = 64  # iterations per trip of an outer loop: a known trip count, so XLA:GPU checks no
-# condition on the host inside it; the outer loop's check (once per INNER) is all the timing pays
+INNER = 64  # iterations per trip of an outer loop at most: a known trip count, so XLA:GPU checks
+# no condition on the host inside it; the outer loop's check (once per trip) is all the timing pays
+TRIP_FLOPS = 2e11  # ... fewer for a large body: about this much work a trip (under a millisecond on
+# an H100, where the check costs microseconds), so that a trip of the largest (an fp32 DOT mixer's
+# forward and backward at batch 1024, 5 ms) does not take 64 of them, as the first profile did
 LOOP_REPEATS = 3  # short and long loops, in turn: the fastest of each
 MAX_TRIPS = 1024  # outer trips of a long loop at most (a body too fast to time on its own)
 
@@ -121,35 +124,42 @@ class LoopSizes:
 
 
 # The seed model's layer widths (F_in 512, then 80), each at two micro-batch sizes: the points
-# span a sweep's calls by FLOPs, and past the largest the cost model goes on at the slope of the
-# last two. (Three sizes, 32-1024: the 24 mixer programs did not compile in 95 s on an H100;
-# autotuning each program's matmuls is most of it.)
+# span a sweep's calls by FLOPs, and past the largest the cost model goes on at the marginal rate
+# between that width's two sizes. (Three sizes, 32-1024: the 24 mixer programs did not compile in
+# 95 s on an H100; autotuning each program's matmuls is most of it.)
 GPU_LOOPS = LoopSizes(8192, 2**29, ((512, 20, 160), (80, 20, 160)), (128, 1024),
                       tuple(2**k for k in range(20, 29, 2)), 0.01)
 SMALL_LOOPS = LoopSizes(  # CODESIGN_PROFILE_LOOPS=small, for tests on CPU
     128, 2**20, ((16, 4, 8), (8, 2, 8)), (4, 16), (2**12, 2**16), 0.002)
 
 
-def repeated(body: Callable[[Any], Any]) -> Callable[[Any], Any]:
-    """INNER iterations of body, each result behind an optimization barrier: XLA can neither fuse
+def inner_count(flops: float) -> int:
+    """Iterations per trip of a body of `flops`: a power of two, 4 to INNER, about TRIP_FLOPS a trip."""
+    return int(2 ** np.clip(np.floor(np.log2(TRIP_FLOPS / max(flops, 1.0))), 2, np.log2(INNER)))
+
+
+def repeated(body: Callable[[Any], Any], inner: int) -> Callable[[Any], Any]:
+    """`inner` iterations of body, each result behind an optimization barrier: XLA can neither fuse
     iterations, hoist the work out of the loop (the carry is opaque to it) nor drop any."""
-    return lambda carry: lax.fori_loop(0, INNER, lambda _, c: lax.optimization_barrier(body(c)), carry)
+    return lambda carry: lax.fori_loop(0, inner, lambda _, c: lax.optimization_barrier(body(c)), carry)
 
 
-def looped(bodies: Sequence[Callable[[Any], Any]]) -> Callable[[tuple, jax.Array], tuple]:
-    """One program running, for each body, trips[i] x INNER iterations on its carry: every
+def looped(bodies: Sequence[Callable[[Any], Any]], inners: Sequence[int]) -> Callable[[tuple, jax.Array], tuple]:
+    """One program running, for each body, trips[i] x inners[i] iterations on its carry: every
     point of a section compiles once, and is timed alone by giving the others no trips."""
     def run(carries: tuple, trips: jax.Array) -> tuple:
-        return tuple(lax.fori_loop(0, trips[i], lambda _, c, inner=repeated(body): inner(c), carry)
-                     for i, (body, carry) in enumerate(zip(bodies, carries)))
+        return tuple(lax.fori_loop(0, trips[i], lambda _, c, inner=repeated(body, n): inner(c), carry)
+                     for i, (body, n, carry) in enumerate(zip(bodies, inners, carries)))
 
     return run
 
 
-def loop_times(run: Callable[[tuple, jax.Array], tuple], carries: tuple, seconds: float) -> list[float]:
-    """Seconds per iteration of each loop of `run` (compiled, carries donated): (wall of a long
-    loop - wall of one trip) / the iterations between them, so the launch and the sync cancel;
-    each loop long enough for `seconds` of device time, the fastest of LOOP_REPEATS."""
+def loop_times(run: Callable[[tuple, jax.Array], tuple], carries: tuple, seconds: float,
+               inners: Sequence[int]) -> list[float]:
+    """Seconds per iteration of each loop of `run` (compiled, carries donated; inners: the
+    iterations per trip of each): (wall of a long loop - wall of one trip) / the iterations
+    between them, so the launch and the sync cancel; each loop long enough for `seconds` of
+    device time, the fastest of LOOP_REPEATS."""
     state, count = [carries], len(carries)
 
     def wall(i: int, trips: int) -> float:
@@ -168,7 +178,7 @@ def loop_times(run: Callable[[tuple, jax.Array], tuple], carries: tuple, seconds
             pairs = [(wall(i, 1), wall(i, 1 + trips))]
         pairs += [(wall(i, 1), wall(i, 1 + trips)) for _ in range(LOOP_REPEATS - 1)]
         short, long = min(p[0] for p in pairs), min(p[1] for p in pairs)
-        found.append(max(long - short, 1e-12) / (trips * INNER))
+        found.append(max(long - short, 1e-12) / (trips * inners[i]))
     return found
 
 
@@ -184,8 +194,9 @@ def own(tree: Any) -> Any:
 def matmul_rates(sizes: LoopSizes) -> dict[str, float]:
     """FLOP/s of a square matmul per precision: bf16, and fp32 as XLA runs it (TF32 on an H100)."""
     n = sizes.matmul
-    times = loop_times(compiled(looped([lambda c: (c[0], c[1], c[0] @ c[1])] * len(DTYPES))), matmul_carries(n),
-                       sizes.seconds)
+    inners = [inner_count(2 * n**3)] * len(DTYPES)
+    times = loop_times(compiled(looped([lambda c: (c[0], c[1], c[0] @ c[1])] * len(DTYPES), inners)),
+                       matmul_carries(n), sizes.seconds, inners)
     return {p: 2 * n**3 / t for p, t in zip(DTYPES, times)}
 
 
@@ -205,7 +216,7 @@ def stream_bandwidth(sizes: LoopSizes) -> float:
     """Memory bytes/s: an fp32 array of sizes.stream bytes (on a GPU far past L2) read, added
     to and written back in place, each iteration."""
     x = jnp.zeros((sizes.stream // 4,), jnp.float32)
-    [seconds] = loop_times(compiled(looped([lambda c: (c[0] + 1.0,)])), ((x,),), sizes.seconds)
+    [seconds] = loop_times(compiled(looped([lambda c: (c[0] + 1.0,)], [INNER])), ((x,),), sizes.seconds, [INNER])
     return stream_bytes(sizes.stream) / seconds
 
 
@@ -226,10 +237,11 @@ class MixerSection:
     init: Any  # jax.stages.Lowered: () -> the carries (one program: made eagerly, op by op, they took
     # longer to compile than the loop)
     work: list[float]  # FLOPs of each point's forward call
+    inners: list[int]  # iterations per trip of each body (forward, forward-and-backward, per point)
 
 
 def mixer_section(kind: str, precision: str, sizes: LoopSizes) -> MixerSection:
-    dtype, bodies, makers, work = DTYPES[precision], [], [], []
+    dtype, bodies, makers, work, inners = DTYPES[precision], [], [], [], []
     for widths in sizes.widths:
         module, flops = mixer_module(kind, *widths, dtype)
         loss = jax.grad(lambda p, x, m=module: jnp.sum(m.apply(p, x).astype(jnp.float32)), argnums=(0, 1))
@@ -243,20 +255,22 @@ def mixer_section(kind: str, precision: str, sizes: LoopSizes) -> MixerSection:
                        lambda c, g=loss: (c[0], c[1], g(c[0], c[1]))]
             makers += [lambda c=carry, m=module: c(m.apply), lambda c=carry, g=loss: c(g)]
             work.append(batch * flops)
+            inners += [inner_count(batch * flops), inner_count(3 * batch * flops)]
     init = jax.jit(lambda: tuple(make() for make in makers), compiler_options=run_once_options())
-    lowered = compiled(looped(bodies)).lower(jax.eval_shape(init), jax.ShapeDtypeStruct((len(makers),), jnp.int32))
-    return MixerSection(lowered, init.lower(), work)
+    lowered = compiled(looped(bodies, inners)).lower(jax.eval_shape(init),
+                                                     jax.ShapeDtypeStruct((len(makers),), jnp.int32))
+    return MixerSection(lowered, init.lower(), work, inners)
 
 
 def compile_side_by_side(lowered: dict[Any, Any]) -> dict[Any, Any]:
-    """Each lowered program compiled, several at once: XLA compiles (and autotunes) outside the
-    GIL, and on a GPU compiling is most of a profile's time (one section after another, the two
-    DOT sections alone took 80 s on an H100)."""
+    """Each lowered program compiled (a `(lowered, options)` pair with compiler options), several
+    at once: XLA compiles (and autotunes) outside the GIL, and on a GPU compiling is most of a
+    profile's time (one section after another, the two DOT sections alone took 80 s on an H100)."""
     start, took = time.perf_counter(), {}
 
     def compile_one(name: Any, program: Any) -> Any:
         begin = time.perf_counter()
-        done = program.compile()
+        done = program[0].compile(program[1]) if isinstance(program, tuple) else program.compile()
         took[name] = time.perf_counter() - begin
         return done
 
@@ -266,7 +280,7 @@ def compile_side_by_side(lowered: dict[Any, Any]) -> dict[Any, Any]:
     if done:
         slowest = sorted(took.items(), key=lambda item: -item[1])[:4]
         log.info("  (%d programs compiled side by side in %.1f s; slowest %s)", len(done),
-                 time.perf_counter() - start, ", ".join(f"{name} {seconds:.1f} s" for name, seconds in slowest))
+                 time.perf_counter() - start, ", ".join(f"{' '.join(name)} {seconds:.1f} s" for name, seconds in slowest))
     return done
 
 
@@ -276,7 +290,7 @@ def mixer_points(programs: tuple[Callable, Callable], section: MixerSection, siz
     section's loop and init, compiled."""
     loop, init = programs
     work = section.work
-    times = loop_times(loop, own(init()), sizes.seconds)
+    times = loop_times(loop, own(init()), sizes.seconds, section.inners)
     forward, both = np.array(times[0::2]), np.array(times[1::2])
     backward = np.maximum(both - forward, 0.05 * forward)
     order = np.argsort(work)
@@ -291,11 +305,15 @@ def monotone(points: list[tuple[float, float]]) -> Points:
     return tuple((float(w), float(s)) for (w, _), s in zip(points, seconds))
 
 
-def points_rate(forward: Points, backward: Points, peak: float) -> Rate:
-    """A Rate carrying the points: FLOP/s from the two largest (past them, the cost model goes on
-    at that rate; at most the matmul peak), the fixed cost what the smallest adds to it."""
+def points_rate(forward: Points, backward: Points, peak: float, ratio: float) -> Rate:
+    """A Rate carrying the points: FLOP/s past the largest (the cost model goes on at it; at most
+    the matmul peak), the marginal rate between it and its width's smallest micro-batch, the
+    point of `ratio` times its FLOPs (between two widths of about the same FLOPs, as ATTENTION's
+    are, the slope is noise: it priced the seed step at batch 4096 60% over on an H200); the
+    fixed cost what the smallest point adds to it."""
     def slope(points: Points) -> float:
-        (w0, s0), (w1, s1) = points[-2], points[-1]
+        w1, s1 = points[-1]
+        w0, s0 = next(((w, s) for w, s in points if np.isclose(w, ratio * w1, rtol=1e-6)), points[-2])
         return min(peak, (w1 - w0) / (s1 - s0) if s1 > s0 else w1 / s1)
 
     rate_forward, rate_backward = slope(forward), slope(backward)
@@ -330,10 +348,11 @@ def collective_times(sizes: LoopSizes) -> dict[str, list[list[float]]]:
         x = jnp.ones((n * local,), jnp.float32)
         out = {"all-reduce": local, "all-gather": n * local, "reduce-scatter": local // n}[kind]
         carries.append(jax.device_put((x, jnp.zeros((n * out,), jnp.float32)), NamedSharding(mesh, P("d"))))
-    run = looped([collective_body(kind) for kind, _ in points])
+    inners = [INNER] * len(points)
+    run = looped([collective_body(kind) for kind, _ in points], inners)
     specs = tuple((P("d"), P("d")) for _ in points)
     sharded = jax.shard_map(run, mesh=mesh, in_specs=(specs, P()), out_specs=specs, check_vma=False)
-    times = loop_times(compiled(sharded), tuple(carries), sizes.seconds)
+    times = loop_times(compiled(sharded), tuple(carries), sizes.seconds, inners)
     found: dict[str, list[list[float]]] = {}
     for (kind, size), seconds in zip(points, times):
         found.setdefault(kind, []).append([size, seconds])
@@ -367,8 +386,10 @@ def loop_profile(parts: Parts, sizes: LoopSizes) -> DeviceProfile:
     log.info("  dispatch: %.1f us per program call", dispatch * 1e6)
     names = {f"{precision} {kind}": (kind, precision) for precision in DTYPES for kind in (*MIXERS, LAYER)}
     sections = {name: mixer_section(*key, sizes) for name, key in names.items() if name not in parts.data}
-    programs = compile_side_by_side({(name, part): getattr(section, part) for name, section in sections.items()
-                                     for part in ("lowered", "init")})
+    lowered = {(name, part): getattr(section, part) for name, section in sections.items() for part in ("lowered", "init")}
+    if "scratch" not in parts.data:  # compiled beside the mixers: only its memory analysis is read
+        lowered["scratch", "step"] = (scratch_step(sizes.widths[0]), run_once_options())
+    programs = compile_side_by_side(lowered)
     rates = []
     for precision in DTYPES:
         table = []
@@ -376,7 +397,8 @@ def loop_profile(parts: Parts, sizes: LoopSizes) -> DeviceProfile:
             name = f"{precision} {kind}"
             found = parts.get(name, lambda: mixer_points((programs[name, "lowered"], programs[name, "init"]),
                                                          sections[name], sizes))
-            rate = points_rate(*(tuple(map(tuple, found[k])) for k in ("forward", "backward")), peaks[precision])
+            rate = points_rate(*(tuple(map(tuple, found[k])) for k in ("forward", "backward")), peaks[precision],
+                               sizes.batches[0] / sizes.batches[-1])
             table.append((kind, rate))
             log.info("  %s %s: %s", precision, kind, rate)
         rates.append((precision, tuple(table)))
@@ -385,7 +407,8 @@ def loop_profile(parts: Parts, sizes: LoopSizes) -> DeviceProfile:
         log.info("  link between local devices: %s", link)
     return DeviceProfile(kind=device.device_kind, platform="gpu" if device.platform != "cpu" else "cpu",
                          memory=device_memory(device), rates=tuple(rates), bandwidth=memory, dispatch=dispatch,
-                         link=link, update_scratch=parts.get("scratch", lambda: update_scratch(sizes.widths[0])),
+                         link=link, update_scratch=parts.get("scratch", lambda: scratch_fraction(
+                             programs["scratch", "step"], sizes.widths[0])),
                          roofline=False, versions=tuple(sorted(library_versions().items())), source="measured")
 
 
@@ -541,9 +564,26 @@ def update_scratch(widths: tuple[int, int, int]) -> float:
     training step (loss, gradients and Adam in one program, state donated), per its memory
     analysis of the probe model at one sample (activations negligible), without a DOT mixer
     (the cost model counts the folded DOT's backward scratch apart)."""
+    return scratch_fraction(scratch_step(widths).compile(run_once_options()), widths)
+
+
+def scratch_model(widths: tuple[int, int, int]) -> ModelSpec:
     f_in, out, emb = widths
+    return ModelSpec(f_in, emb, out, 2, (tuple(m for m in MIXERS if m != "DOT"),) * 2)
+
+
+def scratch_fraction(compiled: Any, widths: tuple[int, int, int]) -> float:
+    """update_scratch from the compiled scratch_step (buffers are assigned before the backend)."""
+    stats = compiled.memory_analysis()
+    param_bytes = 4 * counts.param_count(scratch_model(widths))
+    return max(float(stats.temp_size_in_bytes) / param_bytes - 1, 0.0) if stats is not None else 0.0
+
+
+def scratch_step(widths: tuple[int, int, int]) -> Any:
+    """update_scratch's training step, lowered on abstract arrays."""
+    f_in, _, emb = widths
     platform = "cpu" if jax.devices()[0].platform == "cpu" else "gpu"
-    model = ModelSpec(f_in, emb, out, 2, (tuple(m for m in MIXERS if m != "DOT"),) * 2)
+    model = scratch_model(widths)
     job = Job(model, ClusterSpec(1, 1, "NVLink", platform), TrainingSpec(1, 2), ParallelSpec("probe", (1,)), 1,
               platform)
     params = nn.meta.unbox(jax.eval_shape(lambda k: network.init_params(model, k), jax.random.key(0)))
@@ -557,10 +597,7 @@ def update_scratch(widths: tuple[int, int, int]) -> float:
 
     x = jax.ShapeDtypeStruct((1, 1, emb, f_in), jnp.float32)
     y = jax.ShapeDtypeStruct((1, 1, counts.output_width(model)), jnp.float32)
-    compiled = jax.jit(step, donate_argnums=(0, 1)).lower(params, jax.eval_shape(optimizer.init, params), x, y)
-    stats = compiled.compile(run_once_options()).memory_analysis()  # buffers are assigned before the backend
-    param_bytes = 4 * counts.param_count(model)
-    return max(float(stats.temp_size_in_bytes) / param_bytes - 1, 0.0) if stats is not None else 0.0
+    return jax.jit(step, donate_argnums=(0, 1)).lower(params, jax.eval_shape(optimizer.init, params), x, y)
 
 
 class LocalProbes:

@@ -23,12 +23,13 @@ from codesign.engine import programs
 from codesign.planner.plan import Plan
 from codesign.spec.types import Job
 
-# Replicated parameters and Adam's state as flat vectors (FlatView). Off: on this CPU the small
-# model's fp32 step took 80 ms flat against 52 ms per leaf (peak 221 against 172 MiB: the slices
-# and the gradients' concatenation are copies on XLA:CPU), though with 575 fusions against 857;
-# on a GPU, where the per-leaf call is 2.6 ms of a 13 ms step, it is unmeasured
-# (bench/gpu_check.sh times it: bench_step.py's project-flat row).
-FLAT_STATE = False
+# Replicated parameters and Adam's state as flat vectors (FlatView), per platform: where it
+# measured faster. On an H200 (bench/gpu_check.sh, seed model, bf16, batch 1024) the step took
+# 8.93 ms flat against 11.42 ms per leaf: the per-leaf call spent 3.4 ms on the host before its
+# first kernel (about 450 arrays of parameters and state), and its Adam update is ~400 small
+# fusions. On this CPU the small model's fp32 step took 80 ms flat against 52 ms per leaf (peak
+# 221 against 172 MiB: the slices and the gradients' concatenation are copies on XLA:CPU).
+FLAT_STATE = {"cpu": False, "gpu": True}
 
 
 @dataclass(frozen=True)
@@ -192,7 +193,8 @@ def build_single_stage(job: Job, plan: Plan) -> SingleStage:
     abstract, shardings = programs.stage_parameters(job, plan, stage, mesh)
     described = programs.describe_shardings(shardings, programs.gradient_shardings(plan, shardings, abstract))
     loss = loss_fn(job, stage.groups, plan.remat)
-    view = FlatView.of(abstract) if FLAT_STATE and replicated(shardings) and not plan.reduce_scatter else None
+    flat = FLAT_STATE.get(mesh.devices.flat[0].platform, False)
+    view = FlatView.of(abstract) if flat and replicated(shardings) and not plan.reduce_scatter else None
     if view is not None:
         abstract, shardings, loss = view.abstract(), NamedSharding(mesh, P()), view.loss(loss)
     grad_shardings = programs.gradient_shardings(plan, shardings, abstract)
