@@ -1,3 +1,4 @@
+import fcntl
 import os
 import sqlite3
 import subprocess
@@ -24,7 +25,29 @@ SHARED_FIXTURES = REPO.parent / "shared" / "fixtures" / "user-configs"  # checke
 # one compilation cache, as a user's JAX_COMPILATION_CACHE_DIR makes every DB share it.
 FAST_XLA = "--xla_backend_optimization_level=0"
 os.environ.setdefault("XLA_FLAGS", FAST_XLA)  # a test's subprocess imports this module with its own
-os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(os.environ["XDG_CACHE_HOME"], "jax"))
+# The suite runs on pytest-xdist's workers (pyproject's addopts): one run's workers share this.
+RUN_DIR = Path(tempfile.gettempdir()) / f"codesign-tests-{os.environ.get('PYTEST_XDIST_TESTRUNUID', os.getpid())}"
+RUN_DIR.mkdir(exist_ok=True)
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", str(RUN_DIR / "jax"))
+
+
+@pytest.fixture(autouse=True)
+def _alone_when_marked(request):
+    """A test marked `alone` (it times steps against the cost model) runs with no other test of
+    the run beside it; the rest run side by side on the workers. A readers-writer lock on a file
+    the workers share, behind a turnstile that an `alone` test holds while it waits, so that the
+    other workers' next tests queue behind it instead of starving it."""
+    alone = request.node.get_closest_marker("alone") is not None
+    with open(RUN_DIR / "turnstile", "a") as turnstile, open(RUN_DIR / "running", "a") as running:
+        fcntl.flock(turnstile, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(running, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        finally:
+            fcntl.flock(turnstile, fcntl.LOCK_UN)
+        try:
+            yield
+        finally:
+            fcntl.flock(running, fcntl.LOCK_UN)
 
 
 def db_rows(db) -> list[dict]:

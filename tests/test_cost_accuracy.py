@@ -68,6 +68,7 @@ def bench_cost_model():
 
 
 @pytest.mark.slow
+@pytest.mark.alone
 def test_a_cpu_sweep_is_predicted_within_bounds(tmp_path):
     """With the built-in cpu profile (this machine's measurement; measuring again would take
     most of the test's time): every attempt records a prediction before it compiles."""
