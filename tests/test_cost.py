@@ -12,8 +12,10 @@ from codesign.planner.cost import (
     StageCost,
     Submesh,
     Workload,
+    engine_calls,
     estimate,
     simulate,
+    stage_compute,
 )
 from codesign.planner.plan import Plan, StagePlan, make_plan
 from codesign.planner.profiles import (
@@ -395,3 +397,20 @@ def test_op_collectives_keep_devices_in_lockstep_on_shared_cores(per_host, ranke
     assert dp_op[0] - ops == pytest.approx(cost.lockstep(BUILTIN["cpu"], 2) * (unlocked[0] - ops))
     assert dp_only[0] == cost.stage_compute(alone, range(4), Submesh(tuple(range(4)), 4, 1), False, 4)[0]
     assert cost.lockstep(BUILTIN["H100"], 4) == 1.0  # devices of their own: op's collectives are priced as such
+
+
+def test_a_layers_attention_encoders_are_priced_as_the_one_vmapped_call_the_engine_makes():
+    a, d = counts.mixer_work("ATTENTION", 64, 4, 16), counts.mixer_work("DOT", 64, 4, 16)
+    assert engine_calls((("ATTENTION", a), ("DOT", d), ("ATTENTION", a))) == [("DOT", d), ("ATTENTION", a + a)]
+    assert engine_calls((("DOT", d),)) == [("DOT", d)]
+
+    def forward(tokens):
+        job = Job(ModelSpec(64, 16, 4, 1, (tokens,)), ClusterSpec(1, 1, "NVLink"), TrainingSpec(256, 3),
+                  ParallelSpec("one", (1,), pp_dp_op=(1, 1, 1)), 1, "gpu")
+        profile = dataclasses.replace(BUILTIN["H100"], roofline=False)  # FLOPs and fixed costs alone
+        return stage_compute(Workload.of(job, profile), [0], Submesh((0,), 1, 1, "dp"), False, 1)[0]
+
+    rate = BUILTIN["H100"].rate("fp32", "ATTENTION")
+    second = forward(("ATTENTION", "ATTENTION")) - forward(("ATTENTION",))
+    flops = 256 * a.flops / rate.forward
+    assert flops <= second < flops + rate.overhead / 2  # the second encoder's FLOPs, not a second fixed cost

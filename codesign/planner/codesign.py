@@ -44,6 +44,7 @@ from codesign.planner.cost import (
     Submesh,
     Workload,
     accumulate_time,
+    engine_calls,
     gradient_sync,
     lockstep,
     program_overheads,
@@ -224,11 +225,13 @@ class Pricer:
 
     def fixed(self, tokens: tuple[str, ...]) -> float:
         """The per-call costs stage_compute charges every device of a stage for one micro-batch of
-        this layer (3 per mixer: its forward and backward's two; 2 for the layer's own work). On
-        devices sharing cores a step pays them once, and measured points replace them: 0 there."""
+        this layer (3 per mixer call, cost.engine_calls: its forward and backward's two; 2 for the
+        layer's own work). On devices sharing cores a step pays them once, and measured points
+        replace them: 0 there."""
         if self.profile.shares_cores:
             return 0.0
-        rates = [(self.profile.rate(self.training.precision, k), 3) for k in tokens]
+        calls = engine_calls(tuple((k, counts.Work()) for k in tokens))
+        rates = [(self.profile.rate(self.training.precision, k), 3) for k, _ in calls]
         rates.append((self.profile.rate(self.training.precision, LAYER), 2))
         return sum(0.0 if r.forward_points else calls * r.overhead for r, calls in rates)
 

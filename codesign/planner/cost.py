@@ -32,7 +32,7 @@ from codesign.spec.types import ClusterSpec, Job, ModelSpec
 from codesign.zhen import counts
 
 # Recorded on every attempt beside its prediction: bump it with every change to what the model predicts.
-COST_MODEL_VERSION = "2026.11.27.1"
+COST_MODEL_VERSION = "2026.11.27.2"
 PARAM_BYTES = 4  # master weights, gradients and Adam's moments stay fp32 under bf16
 ADAM_TRAFFIC = 8  # param-sized arrays read or written by one update: p, g, m, v in; p, m, v, zeroed g out
 ACCUMULATE_TRAFFIC = 3  # gradient-sized arrays per accumulated micro-batch: its gradients and the sum in, the sum out
@@ -247,6 +247,10 @@ def stage_compute(w: Workload, layers: Sequence[int], mesh: Submesh, remat: bool
     comm = {"op all-reduce": 0.0, "op all-gather": 0.0}
     for i in layers:
         for kind, work in w.mixers[i]:
+            if work.sharded_flops and mesh.op > 1:
+                collective, seconds = _op_collective(w, work, samples, mesh)
+                comm[collective] += seconds
+        for kind, work in engine_calls(w.mixers[i]):
             rate = p.rate(w.precision, kind)
             flops = samples * (work.flops - work.sharded_flops + work.sharded_flops / split)
             traffic = samples * w.activation_bytes * _split(work, split) / (p.bandwidth * share) if p.roofline else 0
@@ -256,9 +260,6 @@ def stage_compute(w: Workload, layers: Sequence[int], mesh: Submesh, remat: bool
             fixed += rate.overhead / share
             bwd += (call_time(2 * flops, rate.backward, 2 * rate.overhead, share, rate.backward_points)
                     + 3 * traffic + FOLD_BACKWARD * fold)
-            if work.sharded_flops and mesh.op > 1:
-                collective, seconds = _op_collective(w, work, samples, mesh)
-                comm[collective] += seconds
         own, rate = w.own[i], p.rate(w.precision, LAYER)
         traffic = samples * own.activations * w.activation_bytes / (p.bandwidth * share)
         fwd += call_time(samples * own.flops, rate.forward, rate.overhead, share, rate.forward_points) + traffic
@@ -272,6 +273,15 @@ def stage_compute(w: Workload, layers: Sequence[int], mesh: Submesh, remat: bool
     if remat:  # the backward recomputes the forward; on CPU inside its own program: no fixed costs again
         bwd += fwd - (fixed if p.platform == "cpu" else 0.0)
     return fwd, bwd, comm
+
+
+def engine_calls(mixers: Sequence[tuple[str, counts.Work]]) -> list[tuple[str, counts.Work]]:
+    """A layer's mixers as the engine calls them: its ATTENTION mixers' encoders as one encoder
+    vmapped over their stacked weights (network.ZhenBlock._encoded), one call of their summed
+    work with one set of fixed costs; the others one call each."""
+    attention = [work for kind, work in mixers if kind == "ATTENTION"]
+    calls = [(kind, work) for kind, work in mixers if kind != "ATTENTION"]
+    return calls + ([("ATTENTION", sum(attention[1:], attention[0]))] if attention else [])
 
 
 def lockstep(p: DeviceProfile, op: int) -> float:
@@ -290,7 +300,7 @@ def program_overheads(w: Workload, layers: Sequence[int], busy: int) -> float:
     accumulates; a GPU pays them per kernel launch, every micro-batch."""
     if w.profile.platform != "cpu":
         return 0.0
-    per_layer = [sum(w.profile.rate(w.precision, k).overhead for k, _ in w.mixers[i]) * 3
+    per_layer = [sum(w.profile.rate(w.precision, k).overhead for k, _ in engine_calls(w.mixers[i])) * 3
                  + w.profile.rate(w.precision, LAYER).overhead * 2 for i in layers]
     return sum(per_layer) / w.profile.share(busy)
 
