@@ -78,7 +78,7 @@ def test_unbalanced_layers_get_an_uneven_split_on_unequal_submeshes():
     """Layer 0 holds four DOT mixers, layers 1-3 one LINEAR each, on two hosts joined by TCP (a
     data-parallel all-reduce of the DOT kernels is dear there): the plan is a pipeline whose
     stages hold different numbers of layers, and the heavy layer's stage has the most devices."""
-    choice = choose_plan(auto_job(HEAVY_FIRST, hosts=2, per_host=2, transport="TCPx4", micro=8), ProfileBook())
+    choice = choose_plan(auto_job(HEAVY_FIRST, hosts=2, per_host=2, transport="TCPx4", micro=16), ProfileBook())
     stages = choice.best().plan.stages
     assert len(stages) > 1 and len({len(s.layers) for s in stages}) > 1
     heavy = next(s for s in stages if 0 in s.layers)

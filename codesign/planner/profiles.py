@@ -178,10 +178,12 @@ def _uniform(matmul: float, overhead: float, elementwise: float) -> tuple[tuple[
 def _gpu(kind: str, memory_gib: float, bf16: float, tf32: float, bandwidth: float) -> DeviceProfile:
     """A GPU from its dense peak FLOP/s (bf16, and TF32 for fp32) and HBM bandwidth. The
     efficiencies (50% of peak for the mixers' FLOPs, as the profiled H200 step's matrix products
-    ran; 80% of HBM for memory traffic; 50 us per mixer call) reproduce the seed model's
-    measured steps (DOT as defined) within 3% (../shared/perf/README.md, batch 1024:
-    H200 bf16 11.39 ms; H100 bf16 12.95 ms, fp32 21.24 ms); tests/test_cost.py checks that."""
-    launch = 50e-6  # the kernels of one mixer call, and the gaps between them
+    ran; 80% of HBM for memory traffic; 10 us per mixer call) price the seed model's flat step
+    (engine.step.FLAT_STATE, batch 1024, DOT as defined) on an H200 in bf16, measured at 8.93 ms,
+    at 9.28 ms; tests/test_cost.py checks that. (50 us a call fitted the per-leaf steps of
+    ../shared/perf/README.md within 3%, whose call spent ~3 ms on the host before the first
+    kernel; the flat step's kernels queue back to back: 0.18 ms idle between them in a step.)"""
+    launch = 10e-6  # the kernels of one mixer call, and the gaps between them
     return DeviceProfile(kind=kind, platform="gpu", memory=int(memory_gib * 2**30),
                          rates=(("bf16", _uniform(0.5 * bf16, launch, 0.1 * bf16)),
                                 ("fp32", _uniform(0.5 * tf32, launch, 0.1 * tf32))),
