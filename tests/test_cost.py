@@ -248,7 +248,15 @@ def test_the_dot_as_defined_has_no_fold_terms_and_the_block_fold_is_priced_as_it
     flops_saved = samples * (saved[0] - saved[1] / 2) / h200.rate("bf16", "DOT").forward  # the FCs split over op
     traffic_saved = samples * 2 * saved[4] / h200.bandwidth  # the Gram residual, bf16
     assert fwd_f - fwd_d == pytest.approx(cost.FOLD_FORWARD * kernel_seconds - flops_saved - traffic_saved, rel=1e-6)
-    backward_saved = 2 * flops_saved * h200.rate("bf16", "DOT").forward / h200.rate("bf16", "DOT").backward
+    emb = SEED.emb_dim  # the first layer's backward skips the input's gradient: the Gram's, then z's
+    assert dot_defined.skipped_backward == 2 * f_in * f_in * (counts.DOT_HIDDEN + emb)
+    assert all(w.skipped_backward == 0 for _, w in w_defined.mixers[1])
+
+    def backward_flops(work):  # as stage_compute charges the first layer's backward, op = 2
+        f = samples * (work.flops - work.sharded_flops / 2)
+        return 2 * f - f * work.skipped_backward / work.flops
+
+    backward_saved = (backward_flops(dot_defined) - backward_flops(dot_folded)) / h200.rate("bf16", "DOT").backward
     assert bwd_f - bwd_d == pytest.approx(cost.FOLD_BACKWARD * kernel_seconds - backward_saved - 3 * traffic_saved,
                                           rel=1e-6)
     scratch = [cost.stage_memory(w, (0,), ((0,),), mesh, False, False, 1, (True, True)).workspace

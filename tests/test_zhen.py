@@ -184,3 +184,23 @@ def test_layer_work_matches_the_built_layers(spec):
         assert work.params == sum(leaf.size for leaf in leaves)
         assert work.tensors == len(leaves)
         assert work.sharded_params == sum(leaf.size for leaf, a in zip(leaves, axes) if "mlp" in tuple(a))
+
+
+@pytest.mark.parametrize("kind, within", [("DOT", 0.05), ("ATTENTION", 0.1), ("LINEAR", 0.25), ("CONVOLUTION", 0.5)])
+def test_the_first_layers_skipped_backward_is_the_input_gradient_xla_leaves_out(kind, within):
+    """The step differentiates the parameters alone, so the first layer's backward never computes
+    its input's gradient: XLA's own FLOP count of that gradient (compiled with it, less without)
+    against counts' skipped_backward (element-wise ops, which XLA counts too, make the small
+    mixers' ratio larger)."""
+    spec = ModelSpec(16, 8, 4, 1, ((kind,),))
+    params = nn.meta.unbox(network.init_params(spec, jax.random.key(0)))
+    x = jnp.ones((32, 8, 16))
+
+    def flops(argnums) -> float:
+        loss = jax.grad(lambda p, x: jnp.sum(network.forward(spec, p, x)), argnums=argnums)
+        found = jax.jit(loss).lower(params, x).compile().cost_analysis()
+        return (found[0] if isinstance(found, list) else found)["flops"]
+
+    skipped = 32 * counts.mixer_work(kind, 16, 4, 8, first=True).skipped_backward
+    assert 1.0 <= (flops((0, 1)) - flops(0)) / skipped <= 1.0 + within
+    assert counts.mixer_work(kind, 16, 4, 8).skipped_backward == 0  # later layers compute it

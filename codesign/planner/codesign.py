@@ -248,7 +248,8 @@ class Pricer:
 @functools.cache
 def _layer_work(proxy: ModelSpec, i: int, fold: bool) -> tuple[counts.Work, tuple]:
     f_in, _ = counts.layer_widths(proxy, i)
-    mixers = tuple((k, counts.mixer_work(k, f_in, proxy.output_per_emb, proxy.emb_dim, fold)) for k in proxy.tokens[i])
+    mixers = tuple((k, counts.mixer_work(k, f_in, proxy.output_per_emb, proxy.emb_dim, fold, i == 0))
+                   for k in proxy.tokens[i])
     return counts.layer_own_work(proxy, i), mixers
 
 

@@ -32,7 +32,7 @@ from codesign.spec.types import ClusterSpec, Job, ModelSpec
 from codesign.zhen import counts
 
 # Recorded on every attempt beside its prediction: bump it with every change to what the model predicts.
-COST_MODEL_VERSION = "2026.11.27.2"
+COST_MODEL_VERSION = "2026.11.27.3"
 PARAM_BYTES = 4  # master weights, gradients and Adam's moments stay fp32 under bf16
 ADAM_TRAFFIC = 8  # param-sized arrays read or written by one update: p, g, m, v in; p, m, v, zeroed g out
 ACCUMULATE_TRAFFIC = 3  # gradient-sized arrays per accumulated micro-batch: its gradients and the sum in, the sum out
@@ -171,7 +171,7 @@ class Workload:
     def of(cls, job: Job, profile: DeviceProfile, links: Iterable[LinkSpec] = ()) -> Workload:
         m, fold = job.model, job.training.fold_dot
         intra, inter = cluster_links(profile, job.cluster, links)
-        mixers = tuple(tuple((k, counts.mixer_work(k, *_widths(m, i), fold)) for k in m.tokens[i])
+        mixers = tuple(tuple((k, counts.mixer_work(k, *_widths(m, i), fold, i == 0)) for k in m.tokens[i])
                        for i in range(m.num_zhen_layers))
         layers = range(m.num_zhen_layers)
         return cls(m, job.cluster, job.training.precision, job.global_batch, job.num_micro_batches,
@@ -258,7 +258,8 @@ def stage_compute(w: Workload, layers: Sequence[int], mesh: Submesh, remat: bool
             fwd += (call_time(flops, rate.forward, rate.overhead, share, rate.forward_points) + traffic
                     + FOLD_FORWARD * fold)
             fixed += rate.overhead / share
-            bwd += (call_time(2 * flops, rate.backward, 2 * rate.overhead, share, rate.backward_points)
+            skipped = flops * work.skipped_backward / work.flops if work.flops else 0.0
+            bwd += (call_time(2 * flops - skipped, rate.backward, 2 * rate.overhead, share, rate.backward_points)
                     + 3 * traffic + FOLD_BACKWARD * fold)
         own, rate = w.own[i], p.rate(w.precision, LAYER)
         traffic = samples * own.activations * w.activation_bytes / (p.bandwidth * share)

@@ -6,7 +6,7 @@ prices plans without JAX; tests check every figure against the built Flax model.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 from codesign.spec.types import ModelSpec
@@ -132,6 +132,7 @@ class Work:
     fold_kernel: int = 0  # per call: the block fold's kernel elements (fp32), read to fold, written unfolding
     fold_rows: int = 0  # per call: the folded kernel rows (compute precision), a residual of the call
     relu: int = 0  # ReLU outputs (sharded), residuals only of a program that hands them out
+    skipped_backward: int = 0  # backward FLOPs the step never runs: the first layer's input gradient
 
     def __add__(self, other: Work) -> Work:
         return Work(*(a + b for a, b in zip(self.astuple(), other.astuple())))
@@ -139,28 +140,40 @@ class Work:
     def astuple(self) -> tuple[int, ...]:
         return (self.flops, self.sharded_flops, self.params, self.sharded_params,
                 self.activations, self.sharded_activations, self.tensors, self.fold_kernel, self.fold_rows,
-                self.relu)
+                self.relu, self.skipped_backward)
 
 
-def mixer_work(kind: str, f_in: int, out: int, emb: int, fold_dot: bool = False) -> Work:
+def mixer_work(kind: str, f_in: int, out: int, emb: int, fold_dot: bool = False, first: bool = False) -> Work:
     """Per-sample work of one mixer as the engine runs it (fold_dot: the DOT over the Gram's
     upper blocks). Activations: DOT keeps its Gram matrix (the upper blocks when folded), its
     hidden layer and its output; attention its tokens, q/k/v, scores and softmax, the FFN's
-    hidden layer and the norms' inputs and outputs; convolution its input and output planes."""
+    hidden layer and the norms' inputs and outputs; convolution its input and output planes.
+    In the first layer (`first`) the backward skips the input's gradient, as the step
+    differentiates the parameters alone and that input is the data: the DOT's Gram gradient
+    and z's, the feature FC's or the convolution's input gradient."""
+    work = _mixer_work(kind, f_in, out, emb, fold_dot)
+    return work if first else replace(work, skipped_backward=0)
+
+
+def _mixer_work(kind: str, f_in: int, out: int, emb: int, fold_dot: bool) -> Work:
     flops, params, od = mixer_flops(kind, f_in, out, emb, fold_dot), mixer_params(kind, f_in, out, emb), out * emb
+    fc = 2 * emb * f_in * out  # the feature FC, whose input gradient LINEAR and ATTENTION skip first
     if kind == "DOT":
         pairs = folded_pairs(f_in) if fold_dot else f_in * f_in
         sharded = 2 * pairs * DOT_HIDDEN + 2 * DOT_HIDDEN * od
         return Work(flops, sharded, params, f_in * f_in * DOT_HIDDEN + DOT_HIDDEN + DOT_HIDDEN * od,
                     pairs + DOT_HIDDEN + od, DOT_HIDDEN, 4,
-                    f_in * f_in * DOT_HIDDEN if fold_dot else 0, pairs * DOT_HIDDEN if fold_dot else 0, DOT_HIDDEN)
+                    f_in * f_in * DOT_HIDDEN if fold_dot else 0, pairs * DOT_HIDDEN if fold_dot else 0, DOT_HIDDEN,
+                    skipped_backward=2 * pairs * DOT_HIDDEN + 2 * emb * pairs)  # the Gram's gradient, then z's
     if kind == "ATTENTION":
         ffn = 2 * 2 * od * FFN_HIDDEN
         return Work(flops, ffn, params, 2 * emb * FFN_HIDDEN + FFN_HIDDEN,
-                    12 * od + 2 * out * out + out * FFN_HIDDEN, out * FFN_HIDDEN, 13, relu=out * FFN_HIDDEN)
+                    12 * od + 2 * out * out + out * FFN_HIDDEN, out * FFN_HIDDEN, 13, relu=out * FFN_HIDDEN,
+                    skipped_backward=fc)
     if kind == "CONVOLUTION":
-        return Work(flops, 0, params, 0, 2 * emb * f_in + od, 0, 4)
-    return Work(flops, 0, params, 0, od, 0, 2)
+        return Work(flops, 0, params, 0, 2 * emb * f_in + od, 0, 4,
+                    skipped_backward=2 * CONV_KERNEL * CONV_KERNEL * emb * f_in)  # the taps, transposed
+    return Work(flops, 0, params, 0, od, 0, 2, skipped_backward=fc)
 
 
 def layer_own_work(spec: ModelSpec, i: int) -> Work:
@@ -177,7 +190,7 @@ def layer_work(spec: ModelSpec, i: int, fold_dot: bool = False) -> Work:
     """Layer i: its mixers and its own work."""
     f_in, _ = layer_widths(spec, i)
     o, d = spec.output_per_emb, spec.emb_dim
-    return sum((mixer_work(m, f_in, o, d, fold_dot) for m in spec.tokens[i]), layer_own_work(spec, i))
+    return sum((mixer_work(m, f_in, o, d, fold_dot, i == 0) for m in spec.tokens[i]), layer_own_work(spec, i))
 
 
 def carry_width(spec: ModelSpec, i: int) -> int:
