@@ -85,8 +85,8 @@ def test_the_cluster_counts_as_two_cpu_hosts(cluster):
 def test_two_host_data_parallel_job_matches_the_single_process_reference(cluster, tmp_path):
     """Timed for min_measured_seconds: both processes run host 0's count of extra steps (were
     they to disagree, one would wait in a collective until the timeout). 3 s: far more than the
-    job's 3 timed steps take even on a loaded machine (at 1 s, 0.35 s steps beside another test's
-    compiles ran no extra step)."""
+    job's 3 timed steps take even on a loaded machine (at 1 s, beside another test's compiles,
+    they already took over 1 s and no extra step ran)."""
     job = dataclasses.replace(two_host_job(), training=TrainingSpec(8, 4, min_measured_seconds=3.0))
     reference_store = Store(tmp_path / "reference.db")
     run_sweep([PlannedJob(job)], reference_store, LocalExecutor(), retry_failed=False, manual_timeout=300)
