@@ -285,7 +285,11 @@ def check_devices(config: Config, book) -> None:
 def _jax_cache(db: str) -> str:
     """JAX's compilation cache for the jobs: JAX's own JAX_COMPILATION_CACHE_DIR where the user
     set one (one cache for every DB), else jax_cache/ beside the DB."""
-    return os.environ.get("JAX_COMPILATION_CACHE_DIR") or str(Path(db).resolve().parent / "jax_cache")
+    return _jax_cache_in(Path(db).resolve().parent)
+
+
+def _jax_cache_in(folder: Path) -> str:
+    return os.environ.get("JAX_COMPILATION_CACHE_DIR") or str(folder / "jax_cache")
 
 
 def _executor(db: str, address: str | None, hosts: Hosts, args: argparse.Namespace) -> Executor:
@@ -417,8 +421,7 @@ def profile_main(argv: list[str]) -> int:
     if platform == "gpu" and not hosts.gpus[0]:
         raise UserError("--platform gpu: JAX sees no GPU on this machine")
     cache = ProfileCache()
-    jax_cache = os.environ.get("JAX_COMPILATION_CACHE_DIR") or str(cache.root / "jax_cache")
-    profile = measure(this_machine(platform, hosts), cache, jax_cache, timeout=args.timeout)
+    profile = measure(this_machine(platform, hosts), cache, _jax_cache_in(cache.root), timeout=args.timeout)
     if profile is None:
         return 1
     print(f"codesign: kept in {cache.path(this_machine(platform, hosts))}; `codesign reprice -d DB` re-prices "

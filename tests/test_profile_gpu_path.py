@@ -95,7 +95,7 @@ def test_mixer_points_are_forward_and_backward_seconds_by_flops(tiny):
     from codesign.engine.profile import compile_side_by_side, mixer_points, mixer_section, points_rate
 
     sections = {kind: mixer_section(kind, "fp32", tiny) for kind in ("ATTENTION", "DOT")}
-    programs = compile_side_by_side({(kind, part): getattr(section, part) for kind, section in sections.items()
+    programs = compile_side_by_side({(kind, part): getattr(section, part).compile for kind, section in sections.items()
                                      for part in ("lowered", "init")})
     dot = mixer_points((programs["DOT", "lowered"], programs["DOT", "init"]), sections["DOT"], tiny)
     assert [w for w, _ in dot["forward"]] == sorted(sections["DOT"].work)
@@ -139,7 +139,7 @@ def test_sections_are_saved_as_they_come_and_a_rerun_measures_only_what_is_missi
 
     def fake_section(kind, precision, sizes):
         measured.append((kind, precision))
-        return SimpleNamespace(lowered=(kind, precision), init=None)
+        return SimpleNamespace(lowered=SimpleNamespace(compile=None), init=SimpleNamespace(compile=None))
 
     def never(*_):
         raise AssertionError("a section of the parts file was measured again")

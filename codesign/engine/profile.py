@@ -27,6 +27,7 @@ factors). Micro-benchmarks keep their fastest time, whole steps their median.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -262,20 +263,20 @@ def mixer_section(kind: str, precision: str, sizes: LoopSizes) -> MixerSection:
     return MixerSection(lowered, init.lower(), work, inners)
 
 
-def compile_side_by_side(lowered: dict[Any, Any]) -> dict[Any, Any]:
-    """Each lowered program compiled (a `(lowered, options)` pair with compiler options), several
-    at once: XLA compiles (and autotunes) outside the GIL, and on a GPU compiling is most of a
+def compile_side_by_side(compiles: dict[Any, Callable[[], Any]]) -> dict[Any, Any]:
+    """Each program compiled (`compiles`: a lowered program's compile, options bound), several at
+    once: XLA compiles (and autotunes) outside the GIL, and on a GPU compiling is most of a
     profile's time (one section after another, the two DOT sections alone took 80 s on an H100)."""
     start, took = time.perf_counter(), {}
 
-    def compile_one(name: Any, program: Any) -> Any:
+    def compile_one(name: Any, compile_program: Callable[[], Any]) -> Any:
         begin = time.perf_counter()
-        done = program[0].compile(program[1]) if isinstance(program, tuple) else program.compile()
+        done = compile_program()
         took[name] = time.perf_counter() - begin
         return done
 
-    with ThreadPoolExecutor(max_workers=max(1, min(len(lowered), os.cpu_count() or 1))) as pool:
-        futures = {name: pool.submit(compile_one, name, program) for name, program in lowered.items()}
+    with ThreadPoolExecutor(max_workers=max(1, min(len(compiles), os.cpu_count() or 1))) as pool:
+        futures = {name: pool.submit(compile_one, name, program) for name, program in compiles.items()}
         done = {name: future.result() for name, future in futures.items()}
     if done:
         slowest = sorted(took.items(), key=lambda item: -item[1])[:4]
@@ -386,10 +387,11 @@ def loop_profile(parts: Parts, sizes: LoopSizes) -> DeviceProfile:
     log.info("  dispatch: %.1f us per program call", dispatch * 1e6)
     names = {f"{precision} {kind}": (kind, precision) for precision in DTYPES for kind in (*MIXERS, LAYER)}
     sections = {name: mixer_section(*key, sizes) for name, key in names.items() if name not in parts.data}
-    lowered = {(name, part): getattr(section, part) for name, section in sections.items() for part in ("lowered", "init")}
+    compiles = {(name, part): getattr(section, part).compile for name, section in sections.items()
+                for part in ("lowered", "init")}
     if "scratch" not in parts.data:  # compiled beside the mixers: only its memory analysis is read
-        lowered["scratch", "step"] = (scratch_step(sizes.widths[0]), run_once_options())
-    programs = compile_side_by_side(lowered)
+        compiles["scratch", "step"] = functools.partial(scratch_step(sizes.widths[0]).compile, run_once_options())
+    programs = compile_side_by_side(compiles)
     rates = []
     for precision in DTYPES:
         table = []

@@ -71,7 +71,7 @@ def initial_params(model: ModelSpec, layers: tuple[int, ...], seed: int) -> dict
     model and stage whatever the plan, so a process compiles it once (and the persistent cache
     serves it to the next job). Its random draws unroll into ~500 fusions: XLA:CPU compiled an
     8-layer test model's in 4.0 s, or 2.3 s at the lowest backend optimisation, which leaves a
-    program run once 12 ms instead of 3 (that level on GPUs is unmeasured: not used there)."""
+    program run once 12 ms instead of 3 (run_once_options)."""
     return _initial_params_program()(model, layers, seed)
 
 

@@ -214,7 +214,7 @@ class Pricer:
         compute, collectives = zip(*(self.compute(w, mesh) for mesh in self.meshes))
         solo = sum(stage_compute(w, [0], Submesh((0,), 1, 1), False, self.n)[:2])
         kept, working = zip(*(self.residuals(work, v) for v in self.variants))
-        return (compute, collectives, program_overheads(w, [0], self.n), solo, self.fixed(tokens), work.params,
+        return (compute, collectives, program_overheads(w, [0], self.n), solo, self.fixed(mixers), work.params,
                 work.sharded_params, work.tensors, kept, working, work.flops)
 
     def compute(self, w: Workload, mesh: Submesh) -> tuple[float, float]:
@@ -223,15 +223,14 @@ class Pricer:
         collectives = sum(comm.values())
         return (fwd + bwd - collectives) / (lockstep(self.profile, mesh.op) if collectives else 1.0), collectives
 
-    def fixed(self, tokens: tuple[str, ...]) -> float:
+    def fixed(self, mixers: tuple[tuple[str, counts.Work], ...]) -> float:
         """The per-call costs stage_compute charges every device of a stage for one micro-batch of
         this layer (3 per mixer call, cost.engine_calls: its forward and backward's two; 2 for the
         layer's own work). On devices sharing cores a step pays them once, and measured points
         replace them: 0 there."""
         if self.profile.shares_cores:
             return 0.0
-        calls = engine_calls(tuple((k, counts.Work()) for k in tokens))
-        rates = [(self.profile.rate(self.training.precision, k), 3) for k, _ in calls]
+        rates = [(self.profile.rate(self.training.precision, k), 3) for k, _ in engine_calls(mixers)]
         rates.append((self.profile.rate(self.training.precision, LAYER), 2))
         return sum(0.0 if r.forward_points else calls * r.overhead for r, calls in rates)
 
@@ -247,10 +246,7 @@ class Pricer:
 
 @functools.cache
 def _layer_work(proxy: ModelSpec, i: int, fold: bool) -> tuple[counts.Work, tuple]:
-    f_in, _ = counts.layer_widths(proxy, i)
-    mixers = tuple((k, counts.mixer_work(k, f_in, proxy.output_per_emb, proxy.emb_dim, fold, i == 0))
-                   for k in proxy.tokens[i])
-    return counts.layer_own_work(proxy, i), mixers
+    return counts.layer_own_work(proxy, i), counts.layer_mixers(proxy, i, fold)
 
 
 @dataclass(frozen=True)

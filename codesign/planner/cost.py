@@ -171,9 +171,8 @@ class Workload:
     def of(cls, job: Job, profile: DeviceProfile, links: Iterable[LinkSpec] = ()) -> Workload:
         m, fold = job.model, job.training.fold_dot
         intra, inter = cluster_links(profile, job.cluster, links)
-        mixers = tuple(tuple((k, counts.mixer_work(k, *_widths(m, i), fold, i == 0)) for k in m.tokens[i])
-                       for i in range(m.num_zhen_layers))
         layers = range(m.num_zhen_layers)
+        mixers = tuple(counts.layer_mixers(m, i, fold) for i in layers)
         return cls(m, job.cluster, job.training.precision, job.global_batch, job.num_micro_batches,
                    profile, intra, inter, tuple(counts.layer_work(m, i, fold) for i in layers),
                    tuple(counts.layer_own_work(m, i) for i in layers), mixers)
@@ -199,10 +198,6 @@ class Workload:
         """Collectives over these layers' parameters (or gradients): one, where XLA combines them
         (GPU); one per array on CPU, where each array's reduction pays the devices' rendezvous."""
         return 1 if self.profile.combines_collectives else sum(self.layers[i].tensors for i in layers)
-
-
-def _widths(m: ModelSpec, i: int) -> tuple[int, int, int]:
-    return counts.layer_widths(m, i)[0], m.output_per_emb, m.emb_dim
 
 
 @dataclass(frozen=True)

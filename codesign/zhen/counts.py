@@ -152,28 +152,42 @@ def mixer_work(kind: str, f_in: int, out: int, emb: int, fold_dot: bool = False,
     differentiates the parameters alone and that input is the data: the DOT's Gram gradient
     and z's, the feature FC's or the convolution's input gradient."""
     work = _mixer_work(kind, f_in, out, emb, fold_dot)
-    return work if first else replace(work, skipped_backward=0)
+    return replace(work, skipped_backward=input_gradient_flops(kind, f_in, out, emb, fold_dot)) if first else work
+
+
+def input_gradient_flops(kind: str, f_in: int, out: int, emb: int, fold_dot: bool = False) -> int:
+    """Backward FLOPs per sample that only the mixer's input gradient needs: the DOT's Gram
+    gradient and then z's; the convolution's taps, transposed; else the feature FC's."""
+    if kind == "DOT":
+        pairs = folded_pairs(f_in) if fold_dot else f_in * f_in
+        return 2 * pairs * DOT_HIDDEN + 2 * emb * pairs
+    if kind == "CONVOLUTION":
+        return 2 * CONV_KERNEL * CONV_KERNEL * emb * f_in
+    return 2 * emb * f_in * out
+
+
+def layer_mixers(spec: ModelSpec, i: int, fold_dot: bool = False) -> tuple[tuple[str, Work], ...]:
+    """Layer i's mixers, (kind, work) each, the first layer's without its input gradients."""
+    f_in, _ = layer_widths(spec, i)
+    return tuple((m, mixer_work(m, f_in, spec.output_per_emb, spec.emb_dim, fold_dot, i == 0))
+                 for m in spec.tokens[i])
 
 
 def _mixer_work(kind: str, f_in: int, out: int, emb: int, fold_dot: bool) -> Work:
     flops, params, od = mixer_flops(kind, f_in, out, emb, fold_dot), mixer_params(kind, f_in, out, emb), out * emb
-    fc = 2 * emb * f_in * out  # the feature FC, whose input gradient LINEAR and ATTENTION skip first
     if kind == "DOT":
         pairs = folded_pairs(f_in) if fold_dot else f_in * f_in
         sharded = 2 * pairs * DOT_HIDDEN + 2 * DOT_HIDDEN * od
         return Work(flops, sharded, params, f_in * f_in * DOT_HIDDEN + DOT_HIDDEN + DOT_HIDDEN * od,
                     pairs + DOT_HIDDEN + od, DOT_HIDDEN, 4,
-                    f_in * f_in * DOT_HIDDEN if fold_dot else 0, pairs * DOT_HIDDEN if fold_dot else 0, DOT_HIDDEN,
-                    skipped_backward=2 * pairs * DOT_HIDDEN + 2 * emb * pairs)  # the Gram's gradient, then z's
+                    f_in * f_in * DOT_HIDDEN if fold_dot else 0, pairs * DOT_HIDDEN if fold_dot else 0, DOT_HIDDEN)
     if kind == "ATTENTION":
         ffn = 2 * 2 * od * FFN_HIDDEN
         return Work(flops, ffn, params, 2 * emb * FFN_HIDDEN + FFN_HIDDEN,
-                    12 * od + 2 * out * out + out * FFN_HIDDEN, out * FFN_HIDDEN, 13, relu=out * FFN_HIDDEN,
-                    skipped_backward=fc)
+                    12 * od + 2 * out * out + out * FFN_HIDDEN, out * FFN_HIDDEN, 13, relu=out * FFN_HIDDEN)
     if kind == "CONVOLUTION":
-        return Work(flops, 0, params, 0, 2 * emb * f_in + od, 0, 4,
-                    skipped_backward=2 * CONV_KERNEL * CONV_KERNEL * emb * f_in)  # the taps, transposed
-    return Work(flops, 0, params, 0, od, 0, 2, skipped_backward=fc)
+        return Work(flops, 0, params, 0, 2 * emb * f_in + od, 0, 4)
+    return Work(flops, 0, params, 0, od, 0, 2)
 
 
 def layer_own_work(spec: ModelSpec, i: int) -> Work:
@@ -188,9 +202,7 @@ def layer_own_work(spec: ModelSpec, i: int) -> Work:
 
 def layer_work(spec: ModelSpec, i: int, fold_dot: bool = False) -> Work:
     """Layer i: its mixers and its own work."""
-    f_in, _ = layer_widths(spec, i)
-    o, d = spec.output_per_emb, spec.emb_dim
-    return sum((mixer_work(m, f_in, o, d, fold_dot, i == 0) for m in spec.tokens[i]), layer_own_work(spec, i))
+    return sum((work for _, work in layer_mixers(spec, i, fold_dot)), layer_own_work(spec, i))
 
 
 def carry_width(spec: ModelSpec, i: int) -> int:
