@@ -1,3 +1,4 @@
+import contextlib
 import fcntl
 import os
 import sqlite3
@@ -31,14 +32,12 @@ RUN_DIR.mkdir(exist_ok=True)
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", str(RUN_DIR / "jax"))
 
 
-@pytest.fixture(autouse=True)
-def _alone_when_marked(request):
-    """A test marked `alone` (it times steps against the cost model) runs with no other test of
-    the run beside it; the rest run side by side on the workers. A readers-writer lock on a file
-    the workers share, behind a turnstile that an `alone` test holds while it waits, so that the
-    other workers' next tests queue behind it instead of starving it."""
-    alone = request.node.get_closest_marker("alone") is not None
-    with open(RUN_DIR / "turnstile", "a") as turnstile, open(RUN_DIR / "running", "a") as running:
+@contextlib.contextmanager
+def run_slot(alone: bool, folder: Path = RUN_DIR):
+    """Held while a test runs: shared, or with `alone` exclusive, among the run's workers (a
+    readers-writer lock on a file they share), behind a turnstile that an `alone` test holds
+    while it waits, so that the other workers' next tests queue behind it instead of starving it."""
+    with open(folder / "turnstile", "a") as turnstile, open(folder / "running", "a") as running:
         fcntl.flock(turnstile, fcntl.LOCK_EX)
         try:
             fcntl.flock(running, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
@@ -48,6 +47,14 @@ def _alone_when_marked(request):
             yield
         finally:
             fcntl.flock(running, fcntl.LOCK_UN)
+
+
+@pytest.fixture(autouse=True)
+def _alone_when_marked(request):
+    """A test marked `alone` (it times steps against the cost model) runs with no other test of
+    the run beside it; the rest run side by side on the workers."""
+    with run_slot(request.node.get_closest_marker("alone") is not None):
+        yield
 
 
 def db_rows(db) -> list[dict]:
