@@ -98,6 +98,16 @@ def test_remat_keeps_less_and_recomputes():
     assert remat.seconds > base.seconds
 
 
+@pytest.mark.parametrize("device", ["H100", "cpu"])
+def test_a_one_program_step_pays_one_call_whatever_its_update(device):
+    """The update runs inside the step's program: a pp = 1 step's price moves by exactly one
+    dispatch when the dispatch does (the H100 sweep's flat steps were priced a second call in
+    Adam's update, 0.6 ms of a 2.4 ms step)."""
+    j = job(micro=2, batch=64, device=device)
+    seconds = [priced(j, dataclasses.replace(BUILTIN[device], dispatch=d)).seconds for d in (0.0, 1e-3)]
+    assert seconds[1] - seconds[0] == pytest.approx(1e-3)
+
+
 def flat_workload(dispatch: float = 0.0) -> Workload:
     """Zero-cost dispatch and infinitely fast links: the simulation shows the schedule alone."""
     profile = dataclasses.replace(BUILTIN["H100"], dispatch=dispatch)
@@ -301,7 +311,7 @@ def test_cpu_devices_share_one_memory_system_and_sync_one_array_at_a_time():
     cpu = BUILTIN["cpu"]
     w = Workload.of(job(model=SMALL, batch=16, device="cpu", per_host=8, pp_dp_op=(1, 8, 1)), cpu)
     layers, mesh = range(4), Submesh(tuple(range(8)), 8, 1)
-    alone, all_busy = (cost.stage_update(w, layers, mesh, False, busy)[0] - cpu.dispatch for busy in (1, 8))
+    alone, all_busy = (cost.stage_update(w, layers, mesh, False, busy)[0] for busy in (1, 8))
     assert all_busy == pytest.approx(8 * alone)  # 8 replicas' Adam through one memory system
     nbytes = cost.stage_params(w, layers, 1) * cost.PARAM_BYTES
     arrays = sum(w.layers[i].tensors for i in layers)

@@ -110,6 +110,8 @@ TRIP_FLOPS = 2e11  # ... fewer for a large body: about this much work a trip (un
 # forward and backward at batch 1024, 5 ms) does not take 64 of them, as the first profile did
 LOOP_REPEATS = 3  # short and long loops, in turn: the fastest of each
 MAX_TRIPS = 1024  # outer trips of a long loop at most (a body too fast to time on its own)
+FLAT_STEP_ARRAYS = 6  # what a GPU's step call takes (engine.step.FlatView): parameters, Adam's count
+# and two moments, the batch's x and y; on an H100 a call of 64 arrays took 356-595 us, of 6-8 98-137 us
 
 
 @dataclass(frozen=True)
@@ -245,22 +247,33 @@ def mixer_section(kind: str, precision: str, sizes: LoopSizes) -> MixerSection:
     dtype, bodies, makers, work, inners = DTYPES[precision], [], [], [], []
     for widths in sizes.widths:
         module, flops = mixer_module(kind, *widths, dtype)
-        loss = jax.grad(lambda p, x, m=module: jnp.sum(m.apply(p, x).astype(jnp.float32)), argnums=(0, 1))
+        loss = jax.grad(backward_loss(module), argnums=(0, 1))
         for batch in sizes.batches:
-            def carry(fn, m=module, shape=(batch, widths[2], widths[0])):
+            def carry(backward, m=module, g=loss, shape=(batch, widths[2], widths[0])):
                 z = jax.random.normal(jax.random.key(1), shape, dtype)
                 params = m.init(jax.random.key(0), z)
-                return params, z, jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), jax.eval_shape(fn, params, z))
+                out = jax.eval_shape(m.apply, params, z)
+                cotangent = jax.random.normal(jax.random.key(2), out.shape, jnp.float32)
+                result = jax.eval_shape(g, params, z, cotangent) if backward else out
+                zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), result)
+                return (params, z, cotangent, zeros) if backward else (params, z, zeros)
 
             bodies += [lambda c, m=module: (c[0], c[1], m.apply(c[0], c[1])),
-                       lambda c, g=loss: (c[0], c[1], g(c[0], c[1]))]
-            makers += [lambda c=carry, m=module: c(m.apply), lambda c=carry, g=loss: c(g)]
+                       lambda c, g=loss: (c[0], c[1], c[2], g(c[0], c[1], c[2]))]
+            makers += [functools.partial(carry, False), functools.partial(carry, True)]
             work.append(batch * flops)
             inners += [inner_count(batch * flops), inner_count(3 * batch * flops)]
     init = jax.jit(lambda: tuple(make() for make in makers), compiler_options=run_once_options())
     lowered = compiled(looped(bodies, inners)).lower(jax.eval_shape(init),
                                                      jax.ShapeDtypeStruct((len(makers),), jnp.int32))
     return MixerSection(lowered, init.lower(), work, inners)
+
+
+def backward_loss(module: nn.Module) -> Callable[[Any, jax.Array, jax.Array], jax.Array]:
+    """The mixer's output against a random cotangent, as a step's backward gets one: against the
+    ones of a plain sum, XLA turned an H100's bf16 skip projection's matmul gradients into row
+    sums (14 us for 1.7e11 FLOPs), so the profile priced them at nothing."""
+    return lambda p, x, r: jnp.sum(module.apply(p, x).astype(jnp.float32) * r)
 
 
 def compile_side_by_side(compiles: dict[Any, Callable[[], Any]]) -> dict[Any, Any]:
@@ -383,8 +396,8 @@ def loop_profile(parts: Parts, sizes: LoopSizes) -> DeviceProfile:
     memory = parts.get("bandwidth", lambda: stream_bandwidth(sizes))
     log.info("  memory bandwidth: %.3g B/s (%.3g GiB read and written per iteration)", memory,
              stream_bytes(sizes.stream) / 2**30)
-    dispatch = parts.get("dispatch", lambda: dispatch_time(5))
-    log.info("  dispatch: %.1f us per program call", dispatch * 1e6)
+    dispatch = parts.get("dispatch", lambda: dispatch_time(5, FLAT_STEP_ARRAYS))
+    log.info("  dispatch: %.1f us per call of a program of %d arrays", dispatch * 1e6, FLAT_STEP_ARRAYS)
     names = {f"{precision} {kind}": (kind, precision) for precision in DTYPES for kind in (*MIXERS, LAYER)}
     sections = {name: mixer_section(*key, sizes) for name, key in names.items() if name not in parts.data}
     compiles = {(name, part): getattr(section, part).compile for name, section in sections.items()

@@ -32,7 +32,7 @@ from codesign.spec.types import ClusterSpec, Job, ModelSpec
 from codesign.zhen import counts
 
 # Recorded on every attempt beside its prediction: bump it with every change to what the model predicts.
-COST_MODEL_VERSION = "2026.11.27.3"
+COST_MODEL_VERSION = "2026.11.27.4"
 PARAM_BYTES = 4  # master weights, gradients and Adam's moments stay fp32 under bf16
 ADAM_TRAFFIC = 8  # param-sized arrays read or written by one update: p, g, m, v in; p, m, v, zeroed g out
 ACCUMULATE_TRAFFIC = 3  # gradient-sized arrays per accumulated micro-batch: its gradients and the sum in, the sum out
@@ -140,8 +140,9 @@ def call_time(flops: float, rate: float, overhead: float, share: float = 1.0, po
 
 def adam_time(param_bytes: float, profile: DeviceProfile, share: float = 1.0) -> float:
     """Adam's update as memory traffic, at the share of the memory system its device gets (every
-    busy device updates its parameters at once)."""
-    return profile.dispatch + ADAM_TRAFFIC * param_bytes / (profile.bandwidth * share)
+    busy device updates its parameters at once). Its launch is the step's (pp = 1: one program)
+    or priced on the host's timeline (simulate): not again here."""
+    return ADAM_TRAFFIC * param_bytes / (profile.bandwidth * share)
 
 
 def accumulate_time(grad_bytes: float, profile: DeviceProfile, share: float, micro_batches: int) -> float:
