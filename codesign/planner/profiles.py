@@ -180,7 +180,7 @@ def _gpu(kind: str, memory_gib: float, bf16: float, tf32: float, bandwidth: floa
     efficiencies (50% of peak for the mixers' FLOPs, as the profiled H200 step's matrix products
     ran; 80% of HBM for memory traffic; 10 us per mixer call) price the seed model's flat step
     (engine.step.FLAT_STATE, batch 1024, DOT as defined) on an H200 in bf16, measured at 8.93 ms,
-    at 8.34 ms; tests/test_cost.py checks that. (50 us a call fitted the per-leaf steps of
+    at 8.31 ms, and on an H100 (10.95 ms) at 9.90 ms; tests/test_cost.py checks both. (50 us a call fitted the per-leaf steps of
     ../shared/perf/README.md within 3%, whose call spent ~3 ms on the host before the first
     kernel; the flat step's kernels queue back to back: 0.18 ms idle between them in a step.)"""
     launch = 10e-6  # the kernels of one mixer call, and the gaps between them
