@@ -23,6 +23,15 @@ def note(line: str) -> None:
         f.write(line + "\n")
 
 
+def process_age() -> float:
+    """Seconds since this process was created, on the kernel's boot clock (psutil's create_time
+    adds a boot time rounded to the second: up to 1 s off time.time())."""
+    with open("/proc/self/stat") as f:
+        started = int(f.read().rsplit(")", 1)[1].split()[19])
+    with open("/proc/uptime") as f:
+        return float(f.read().split()[0]) - started / os.sysconf("SC_CLK_TCK")
+
+
 def main(job_path: str, outcome_path: str) -> None:
     with open(job_path) as f:
         behaviour = json.load(f)["parallel"]["description"]
@@ -49,6 +58,10 @@ def main(job_path: str, outcome_path: str) -> None:
         start = time.time()
         time.sleep(1.5)
         note(f"{start} {time.time()} {os.environ.get('CUDA_VISIBLE_DEVICES', '-')}")
+    elif behaviour.startswith("whoami"):
+        # "whoami LABEL": which process ran it, when that process was created, when the job ended
+        time.sleep(1.0)
+        note(f"{behaviour.split()[1]} {os.getpid()} {time.time() - process_age()} {time.time()}")
     elif behaviour == "crash":
         print("about to crash", flush=True)
         raise RuntimeError("the job body crashed")

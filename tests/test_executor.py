@@ -74,6 +74,27 @@ def gpu_job(behaviour: str, gpus: int) -> PlannedJob:
                                           platform="gpu"))
 
 
+def test_the_next_job_runs_in_a_process_started_beside_the_one_before(tmp_path, monkeypatch):
+    """A spare process imports Python and JAX while a job runs; the next job with the same
+    environment runs in it, one with other devices in a fresh process; none outlives the sweep."""
+    monkeypatch.setenv("FAULT_PIDS", str(tmp_path / "pids"))
+    monkeypatch.setenv("PYTHONPATH", str(REPO))
+    store = Store(tmp_path / "r.db")
+    two = fault_job("whoami c")
+    two = PlannedJob(dataclasses.replace(two.job, cluster=ClusterSpec(1, 2, "NVLink", "cpu"),
+                                         parallel=dataclasses.replace(two.job.parallel, pp_dp_op=(1, 2, 1))))
+    summary = run_sweep([fault_job("whoami a"), fault_job("whoami b"), two], store,
+                        LocalExecutor(job_module="tests.fault_jobs"), retry_failed=False, manual_timeout=60)
+    assert summary.statuses == {"succeeded": 3}
+    ran = {label: (int(pid), float(created), float(ended)) for label, pid, created, ended in
+           (line.split() for line in (tmp_path / "pids").read_text().splitlines())}
+    assert len({pid for pid, _, _ in ran.values()}) == 3
+    assert ran["b"][1] < ran["a"][2]  # b's process was started while a ran
+    assert ran["c"][1] > ran["b"][2]  # two devices: another environment, a fresh process
+    left = [p for p in psutil.Process().children(recursive=True) if "codesign.run.warm" in " ".join(p.cmdline())]
+    assert left == []
+
+
 def test_gpu_jobs_share_a_host_on_disjoint_gpus_each_seeing_only_its_own(tmp_path, monkeypatch):
     """A host of 4 GPUs (their count faked; the fake job body only reads CUDA_VISIBLE_DEVICES):
     jobs of 1, 2 and 1 GPUs run side by side, then a 4-GPU job alone."""

@@ -5,7 +5,8 @@ Outcome as JSON, and is killed with its whole process group when it overstays. A
 crash, a hang, a segfault or a missing outcome becomes an Outcome; nothing a job does
 reaches the orchestrator. A job never outlives the process that started it: its group is
 led by `guard`, which holds a lifeline to this process. `JobProcess` is the piece the Ray
-executor reuses on every host.
+executor reuses on every host. The local executor keeps one spare process (`warm`) importing
+Python and JAX while a job runs; the next job with the same environment starts in it.
 """
 
 from __future__ import annotations
@@ -53,7 +54,8 @@ class GuardedProcess:
     when this process does (see `guard`). Its output goes to `output`, or to this process's own
     stdout and stderr when None."""
 
-    def __init__(self, command: Sequence[str], env: Mapping[str, str], output: Path | None = None):
+    def __init__(self, command: Sequence[str], env: Mapping[str, str], output: Path | None = None,
+                 stdin: int = subprocess.DEVNULL):
         lifeline, self._lifeline = os.pipe()  # we hold the write end until the process is over
         self._closing = threading.Lock()
         sink = open(output, "a") if output else None
@@ -61,7 +63,7 @@ class GuardedProcess:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "codesign.run.guard", str(os.getpid()), str(lifeline), *command],
                 env=dict(env), stdout=sink, stderr=subprocess.STDOUT if sink else None,
-                stdin=subprocess.DEVNULL, start_new_session=True, pass_fds=(lifeline,))
+                stdin=stdin, start_new_session=True, pass_fds=(lifeline,))
         finally:
             os.close(lifeline)
             if sink:
@@ -96,19 +98,56 @@ class GuardedProcess:
             os.close(lifeline)
 
 
+class SpareProcess(GuardedProcess):
+    """`python -m codesign.run.warm MODULE` under a guard: a job process importing Python and
+    JAX before its job is known, for the next job run with this environment and job module."""
+
+    def __init__(self, env: Mapping[str, str], job_module: str):
+        self.env, self.job_module = dict(env), job_module
+        self._tmp = tempfile.TemporaryDirectory(prefix="codesign-spare-")
+        super().__init__(["codesign.run.warm", job_module], env, Path(self._tmp.name) / "log", stdin=subprocess.PIPE)
+
+    def fits(self, env: Mapping[str, str], job_module: str) -> bool:
+        return self.proc.poll() is None and (self.env, self.job_module) == (dict(env), job_module)
+
+    def hand_over(self, log: Path, args: Sequence[str]) -> bool:
+        """Give it its job (where its output goes, the job body's arguments); False if it is gone."""
+        try:
+            self.proc.stdin.write((json.dumps([str(log), *args]) + "\n").encode())
+            self.proc.stdin.close()
+        except OSError:
+            return False
+        return True
+
+    def close(self) -> None:
+        if not self.proc.stdin.closed:
+            self.proc.stdin.close()
+        self.kill()
+        self._tmp.cleanup()
+
+
 class JobProcess(GuardedProcess):
-    """One job body, `python -m MODULE JOB.json OUTCOME.json`, under a guard. JOB.json holds the
-    job and, under "chosen_plans", the plans the toolkit chose for it, best predicted first, if
-    any. Its output goes to `log` (kept: a hang leaves its evidence), else to a temp file."""
+    """One job body, `python -m MODULE JOB.json OUTCOME.json`, under a guard (in `spare`, when
+    one that fits is given). JOB.json holds the job and, under "chosen_plans", the plans the
+    toolkit chose for it, best predicted first, if any. Its output goes to `log` (kept: a hang
+    leaves its evidence), else to a temp file."""
 
     def __init__(self, job: Job, env: Mapping[str, str], job_module: str, plans: Sequence[Plan] = (),
-                 log: Path | None = None):
+                 log: Path | None = None, spare: SpareProcess | None = None):
         self._tmp = tempfile.TemporaryDirectory(prefix="codesign-job-")
         tmp = Path(self._tmp.name)
         self.outcome_file, self.log_file = tmp / "outcome.json", log or tmp / "log"
         chosen = {"chosen_plans": [plan.to_dict() for plan in plans]} if plans else {}
         (tmp / "job.json").write_text(json.dumps({**job.to_dict(), **chosen}))
-        super().__init__([job_module, str(tmp / "job.json"), str(self.outcome_file)], env, self.log_file)
+        args = [str(tmp / "job.json"), str(self.outcome_file)]
+        if spare is not None and spare.hand_over(self.log_file, args):
+            self.proc, self._lifeline, self._closing = spare.proc, spare._lifeline, spare._closing
+            self.started = time.monotonic()  # its timeout runs from now
+            spare._tmp.cleanup()
+            return
+        if spare is not None:
+            spare.close()
+        super().__init__([job_module, *args], env, self.log_file)
 
     def output_tail(self, limit: int = OUTPUT_TAIL) -> str:
         try:
@@ -192,6 +231,7 @@ class LocalExecutor:
         self.cache_dir = cache_dir
         self.job_module = job_module  # `python -m MODULE JOB.json OUTCOME.json` runs the job body
         self.gpus, self.cpu_slots, self.stream = tuple(gpus), cpu_slots, stream
+        self.spare: SpareProcess | None = None
 
     def free_gpus(self, running: Sequence[LocalRun]) -> list[int]:
         held = {g for run in running for g in run.gpus}
@@ -211,7 +251,13 @@ class LocalExecutor:
         as measured), else under its manual spec's; GPU jobs on the first free GPUs."""
         gpus = tuple(self.free_gpus(running)[:job.cluster.num_devices]) if job.platform == "gpu" and self.gpus else ()
         extra = {"CUDA_VISIBLE_DEVICES": ",".join(map(str, gpus))} if gpus else {}
-        process = JobProcess(job, job_env(job, self.cache_dir, extra=extra), self.job_module, plans, log)
+        env = job_env(job, self.cache_dir, extra=extra)
+        spare, self.spare = self.spare, None
+        if spare is not None and not spare.fits(env, self.job_module):
+            spare.close()
+            spare = None
+        process = JobProcess(job, env, self.job_module, plans, log, spare)
+        self.spare = SpareProcess(env, self.job_module)  # for the next job, likely of the same cluster
         return LocalRun(job, timeout, process, gpus, self.stream)
 
     def wait(self, running: Sequence[LocalRun], seconds: float) -> list[tuple[LocalRun, Outcome]]:
@@ -225,6 +271,12 @@ class LocalExecutor:
 
     def cancel(self, run: LocalRun) -> None:
         run.process.close()
+
+    def close(self) -> None:
+        """The sweep is over: no spare process outlives it."""
+        if self.spare is not None:
+            self.spare.close()
+            self.spare = None
 
 
 def _group_running(pgid: int) -> bool:

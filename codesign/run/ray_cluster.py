@@ -170,6 +170,9 @@ class RayExecutor:
     def cancel(self, run: RayRun) -> None:
         self._release(run)
 
+    def close(self) -> None:
+        """Nothing outlives a job here: each one's actors go with it."""
+
     def _advance(self, run: RayRun, idle: bool) -> Outcome | None:
         if run.pending:
             if ray.wait([run.ready], timeout=0)[0]:

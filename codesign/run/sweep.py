@@ -91,6 +91,7 @@ class Executor(Protocol):
               running: Sequence[Any] = ()) -> Any: ...  # plans: chosen; log: where its output goes
     def wait(self, running: Sequence[Any], seconds: float) -> list[tuple[Any, Outcome]]: ...
     def cancel(self, handle: Any) -> None: ...
+    def close(self) -> None: ...  # the sweep is over: release what the executor keeps between jobs
 
 
 FAILURES = (FAILED, "timeout", OOM)  # statuses that make a finished sweep exit 3 (invalid is the config's answer)
@@ -247,6 +248,7 @@ class Sweep:
             self.stop(err)
             raise
         finally:
+            self.executor.close()
             self.progress.close()
         return self.summary
 
