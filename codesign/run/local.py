@@ -140,6 +140,7 @@ class JobProcess(GuardedProcess):
         chosen = {"chosen_plans": [plan.to_dict() for plan in plans]} if plans else {}
         (tmp / "job.json").write_text(json.dumps({**job.to_dict(), **chosen}))
         args = [str(tmp / "job.json"), str(self.outcome_file)]
+        self.log_file.touch()  # there, whenever the job ends: a spare opens it once it has its job
         if spare is not None and spare.hand_over(self.log_file, args):
             self.proc, self._lifeline, self._closing = spare.proc, spare._lifeline, spare._closing
             self.started = time.monotonic()  # its timeout runs from now
