@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -166,15 +167,16 @@ def build_pipeline(job: Job, plan: Plan) -> Pipeline:
     ys = jax.jit(list, out_shardings=activations[last])(y)
     one = jax.device_put(jnp.ones((), jnp.float32), NamedSharding(meshes[last], P()))
     optimizer = optax.adam(job.training.learning_rate)
-    stages, compile_time, arriving = [], 0.0, (xs[0],)
+    lowered, arriving = [], (xs[0],)
     for index, mesh in enumerate(meshes):
         inputs = arriving + ((ys[0],) if index == last else ())
-        stage, out, seconds = _build_stage(job, plan, index, mesh, activations[index], inputs,
-                                           one if index == last else None, optimizer)
-        stages.append(stage)
-        compile_time += seconds
+        lowered.append(_lower_stage(job, plan, index, mesh, activations[index], inputs, optimizer))
         if index < last:
-            arriving = (_on(out, activations[index + 1]),)
+            arriving = (_on(lowered[-1].forward.out_info[0], activations[index + 1]),)
+    start = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=len(lowered)) as pool:
+        stages = list(pool.map(lambda part: _compile_stage(part, one if part.index == last else None), lowered))
+    compile_time = time.perf_counter() - start + sum(part.lowering for part in lowered)
     data = {0: device_bytes(xs), last: device_bytes(ys)}
     for index, stage in enumerate(stages):
         stage.memory = _stage_peak(stage.memory, plan, index, data.get(index, 0))
@@ -187,15 +189,29 @@ def build_pipeline(job: Job, plan: Plan) -> Pipeline:
                     compile_time, memory, tuple(s.shardings for s in stages))
 
 
-def _build_stage(job: Job, plan: Plan, index: int, mesh, activations: NamedSharding, inputs: tuple,
-                 one: jax.Array | None, optimizer) -> tuple[Stage, Any, float]:
-    """One stage's state and compiled programs; also the abstract output the next stage receives."""
+@dataclass
+class LoweredStage:
+    """A stage initialised, its forward lowered (the next stage's input is its output's shape),
+    the rest still to compile."""
+
+    index: int
+    state: tuple[Any, Any, Any]  # params, opt_state, grads
+    shardings: tuple[Any, Any, Any]  # ... and where each lives
+    inputs: tuple
+    activations: NamedSharding
+    forward: Any  # jax.stages.Lowered
+    lowering: float  # seconds lowering the forward took (counted as compile time)
+    backward: Callable
+    update: Callable
+
+
+def _lower_stage(job: Job, plan: Plan, index: int, mesh, activations: NamedSharding, inputs: tuple,
+                 optimizer) -> LoweredStage:
     stage = plan.stages[index]
     abstract, shardings = programs.stage_parameters(job, plan, stage, mesh)
     grad_shardings = programs.gradient_shardings(plan, shardings, abstract)
     opt_shardings = programs.optimizer_shardings(optimizer, abstract, grad_shardings, mesh)
-    params, opt_state, grads = programs.init_state(job, stage, optimizer,
-                                                   (shardings, opt_shardings, grad_shardings))
+    state = programs.init_state(job, stage, optimizer, (shardings, opt_shardings, grad_shardings))
     forward, backward = stage_programs(job, plan, index, activations, grad_shardings)
 
     def update(params, opt_state, grads):
@@ -203,18 +219,27 @@ def _build_stage(job: Job, plan: Plan, index: int, mesh, activations: NamedShard
         return optax.apply_updates(params, updates), opt_state, jax.tree.map(jnp.zeros_like, grads)
 
     start = time.perf_counter()
-    fwd = jax.jit(forward).lower(params, inputs).compile()
+    lowered = jax.jit(forward).lower(state[0], inputs)
+    return LoweredStage(index, state, (shardings, opt_shardings, grad_shardings), inputs, activations, lowered,
+                        time.perf_counter() - start, backward, update)
+
+
+def _compile_stage(part: LoweredStage, one: jax.Array | None) -> Stage:
+    """One stage's programs, compiled in a thread beside the other stages' (XLA compiles outside
+    the GIL; a stage's backward needs its compiled forward's residual shardings, not the other
+    stages')."""
+    (params, opt_state, grads), (shardings, opt_shardings, grad_shardings) = part.state, part.shardings
+    fwd = part.forward.compile()
     out, residuals = fwd.out_info
-    cotangent = one if one is not None else _on(out, activations)
-    bwd = jax.jit(backward, donate_argnums=(4,)).lower(params, inputs, residuals, cotangent, grads).compile()
-    upd = jax.jit(update, donate_argnums=(0, 1, 2), out_shardings=(shardings, opt_shardings, grad_shardings)
+    cotangent = one if one is not None else _on(out, part.activations)
+    bwd = jax.jit(part.backward, donate_argnums=(4,)).lower(params, part.inputs, residuals, cotangent, grads).compile()
+    upd = jax.jit(part.update, donate_argnums=(0, 1, 2), out_shardings=(shardings, opt_shardings, grad_shardings)
                   ).lower(params, opt_state, grads).compile()
-    seconds = time.perf_counter() - start
     memory = {"forward": programs.compiled_memory(fwd), "backward": programs.compiled_memory(bwd),
               "update": programs.compiled_memory(upd),
-              "inputs": device_bytes(inputs[:1]) if index > 0 else 0, "residuals": device_bytes(residuals)}
-    return (Stage(fwd, bwd, upd, params, opt_state, grads, activations, memory,
-                  programs.describe_shardings(shardings, grad_shardings)), out, seconds)
+              "inputs": device_bytes(part.inputs[:1]) if part.index > 0 else 0, "residuals": device_bytes(residuals)}
+    return Stage(fwd, bwd, upd, params, opt_state, grads, part.activations, memory,
+                 programs.describe_shardings(shardings, grad_shardings))
 
 
 def _on(tree, sharding: NamedSharding):
