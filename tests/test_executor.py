@@ -95,6 +95,24 @@ def test_the_next_job_runs_in_a_process_started_beside_the_one_before(tmp_path, 
     assert left == []
 
 
+def test_jobs_started_beside_others_leave_no_spare(tmp_path, monkeypatch):
+    """Beside a running job the next one would see other GPUs: no spare is made for it."""
+    monkeypatch.setenv("FAULT_PIDS", str(tmp_path / "spans"))
+    monkeypatch.setenv("PYTHONPATH", str(REPO))
+    executor = LocalExecutor(job_module="tests.fault_jobs", gpus=range(2))
+    first = executor.start(gpu_job("sleep a", 1).job, 60)
+    try:
+        assert executor.spare is not None and executor.spare.env["CUDA_VISIBLE_DEVICES"] == "0"
+        second = executor.start(gpu_job("sleep b", 1).job, 60, running=[first])
+        assert second.gpus == (1,) and executor.spare is None
+        ended = []
+        while len(ended) < 2:
+            ended += executor.wait([r for r in (first, second) if r not in {e for e, _ in ended}], 10)
+        assert [o.status for _, o in ended] == ["succeeded", "succeeded"]
+    finally:
+        executor.close()
+
+
 def test_gpu_jobs_share_a_host_on_disjoint_gpus_each_seeing_only_its_own(tmp_path, monkeypatch):
     """A host of 4 GPUs (their count faked; the fake job body only reads CUDA_VISIBLE_DEVICES):
     jobs of 1, 2 and 1 GPUs run side by side, then a 4-GPU job alone."""

@@ -258,7 +258,9 @@ class LocalExecutor:
             spare.close()
             spare = None
         process = JobProcess(job, env, self.job_module, plans, log, spare)
-        self.spare = SpareProcess(env, self.job_module)  # for the next job, likely of the same cluster
+        if not running:  # for the next job, likely of the same cluster; beside other jobs (GPUs
+            # shared out) the next one will likely see other GPUs: another environment
+            self.spare = SpareProcess(env, self.job_module)
         return LocalRun(job, timeout, process, gpus, self.stream)
 
     def wait(self, running: Sequence[LocalRun], seconds: float) -> list[tuple[LocalRun, Outcome]]:
