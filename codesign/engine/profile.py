@@ -63,7 +63,15 @@ from codesign.planner.calibration import (
 )
 from codesign.planner.cost import ADAM_TRAFFIC
 from codesign.planner.plan import make_plan
-from codesign.planner.profiles import LAYER, DeviceProfile, Link, Points, Rate, library_versions
+from codesign.planner.profiles import (
+    GPU_ACTIVATION_SHARE,
+    LAYER,
+    DeviceProfile,
+    Link,
+    Points,
+    Rate,
+    library_versions,
+)
 from codesign.spec.hosts import device_env
 from codesign.spec.types import MIXERS, ClusterSpec, Job, ModelSpec, ParallelSpec, TrainingSpec
 from codesign.zhen import counts, network
@@ -420,8 +428,10 @@ def loop_profile(parts: Parts, sizes: LoopSizes) -> DeviceProfile:
     link = fitted_link(parts.get("collectives", lambda: collective_times(sizes)), n) if n > 1 else None
     if link is not None:
         log.info("  link between local devices: %s", link)
-    return DeviceProfile(kind=device.device_kind, platform="gpu" if device.platform != "cpu" else "cpu",
-                         memory=device_memory(device), rates=tuple(rates), bandwidth=memory, dispatch=dispatch,
+    gpu = device.platform != "cpu"
+    return DeviceProfile(kind=device.device_kind, platform="gpu" if gpu else "cpu", memory=device_memory(device),
+                         rates=tuple(rates), bandwidth=memory, dispatch=dispatch,
+                         activation_share=GPU_ACTIVATION_SHARE if gpu else 1.0,
                          link=link, update_scratch=parts.get("scratch", lambda: scratch_fraction(
                              programs["scratch", "step"], sizes.widths[0])),
                          roofline=False, versions=tuple(sorted(library_versions().items())), source="measured")

@@ -304,7 +304,7 @@ def _variant(pricer: Pricer, synthetic: Workload, v: Variant, mesh: Submesh, com
     shards = v.dp if v.axis == "dp" else v.op
     model = synthetic.model
     carry = job.global_batch // micro / shards * ACTIVATION_BYTES[pricer.training.precision] * counts.input_width(model)
-    activations = kept + carry
+    activations, working = profile.activation_share * (kept + carry), profile.activation_share * working
     data = job.global_batch / shards * 4 * (counts.input_width(model)
                                             + model.emb_dim * n_last * model.output_per_emb)
     local = params if (v.zero and v.dp > 1) or micro > 1 else 0.0

@@ -32,7 +32,7 @@ from codesign.spec.types import ClusterSpec, Job, ModelSpec
 from codesign.zhen import counts
 
 # Recorded on every attempt beside its prediction: bump it with every change to what the model predicts.
-COST_MODEL_VERSION = "2026.11.27.4"
+COST_MODEL_VERSION = "2026.11.27.5"
 PARAM_BYTES = 4  # master weights, gradients and Adam's moments stay fp32 under bf16
 ADAM_TRAFFIC = 8  # param-sized arrays read or written by one update: p, g, m, v in; p, m, v, zeroed g out
 ACCUMULATE_TRAFFIC = 3  # gradient-sized arrays per accumulated micro-batch: its gradients and the sum in, the sum out
@@ -380,7 +380,8 @@ def stage_memory(w: Workload, layers: Sequence[int], groups: Sequence[Sequence[i
     whichever is larger (the update runs after the backward has freed the activations; a
     pipeline stage runs it apart), and, accumulating micro-batches or reducing under ZeRO-2, the
     whole gradients of a micro-batch beside the accumulator (or, under ZeRO-2, beside their
-    shard); a pipeline stage's backward holds them beside the accumulated ones."""
+    shard); a pipeline stage's backward holds them beside the accumulated ones. Residuals and the
+    working set are counted as XLA:CPU keeps them, times the profile's activation_share."""
     params = stage_params(w, layers, mesh.op) * PARAM_BYTES
     grads = params / mesh.dp if zero else params
     samples = w.micro_batch / mesh.batch_shards
@@ -400,6 +401,7 @@ def stage_memory(w: Workload, layers: Sequence[int], groups: Sequence[Sequence[i
     else:
         kept = sum(per_layer.values()) + carry[layers[0]] + sum(folded.values())
         working = max(per_layer[i] + backward[i] for i in layers)
+    kept, working = (w.profile.activation_share * x for x in (kept, working))
     first, last = data_samples
     data = (w.global_batch / mesh.batch_shards) * 4 * (
         (counts.input_width(w.model) if first else 0) + (counts.output_width(w.model) if last else 0))
