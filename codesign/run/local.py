@@ -142,13 +142,17 @@ class JobProcess(GuardedProcess):
         args = [str(tmp / "job.json"), str(self.outcome_file)]
         self.log_file.touch()  # there, whenever the job ends: a spare opens it once it has its job
         if spare is not None and spare.hand_over(self.log_file, args):
-            self.proc, self._lifeline, self._closing = spare.proc, spare._lifeline, spare._closing
-            self.started = time.monotonic()  # its timeout runs from now
-            spare._tmp.cleanup()
-            return
-        if spare is not None:
-            spare.close()
-        super().__init__([job_module, *args], env, self.log_file)
+            self._adopt(spare)
+        else:
+            if spare is not None:
+                spare.close()
+            super().__init__([job_module, *args], env, self.log_file)
+
+    def _adopt(self, spare: SpareProcess) -> None:
+        """Become the spare's guarded process, its timeout running from now."""
+        self.proc, self._lifeline, self._closing = spare.proc, spare._lifeline, spare._closing
+        self.started = time.monotonic()
+        spare._tmp.cleanup()
 
     def output_tail(self, limit: int = OUTPUT_TAIL) -> str:
         try:
