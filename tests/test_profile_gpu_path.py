@@ -110,6 +110,21 @@ def test_mixer_points_are_forward_and_backward_seconds_by_flops(tiny):
     assert sections["DOT"].inners == [64, 64] * 2  # tiny bodies: the most iterations a trip
 
 
+def test_each_mixers_backward_is_timed_against_a_random_cotangent(tiny):
+    """As a step's backward gets one: against a plain sum's ones XLA:GPU turned a skip
+    projection's matmul gradients into row sums, and the profile priced them at nothing."""
+    import jax.numpy as jnp
+
+    from codesign.engine.profile import mixer_section
+
+    section = mixer_section(LAYER, "bf16", tiny)
+    forward, backward = section.init.compile()()[:2]  # each point: its forward's carry, its backward's
+    assert len(forward) == 3 and len(backward) == 4
+    cotangent = backward[2]
+    assert cotangent.shape == forward[2].shape and cotangent.dtype == jnp.float32
+    assert float(jnp.std(cotangent)) > 0.5 and len(jnp.unique(cotangent)) > cotangent.size // 2
+
+
 def test_past_the_largest_point_the_rate_is_that_widths_own_marginal_rate():
     from codesign.engine.profile import inner_count, points_rate
 

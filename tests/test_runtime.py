@@ -81,6 +81,8 @@ def test_replicated_parameters_and_adams_state_are_flat_vectors_with_the_same_st
         runs = states.setdefault("runs", {})
         runs[flat] = two_steps(JOB)
     assert states[True] == 4 < states[False]
+    from codesign.engine.profile import FLAT_STEP_ARRAYS  # what a GPU profile times a program call with
+    assert states[True] + 2 == FLAT_STEP_ARRAYS  # the state, and the batch's x and y
     per_leaf = states["runs"][False]
     assert_matches("flat", differences(states["runs"][True], per_leaf, live_leaves(per_leaf)))
 
