@@ -72,6 +72,7 @@ def test_replicated_parameters_and_adams_state_are_flat_vectors_with_the_same_st
     """One device: the step takes 4 arrays of state (parameters, Adam's count and moments), not
     one per leaf each; losses, gradients and updated parameters are those of the per-leaf step."""
     from codesign.engine import step as single_stage
+    from codesign.engine.profile import FLAT_STEP_ARRAYS
     from tests.reference import assert_matches, differences, live_leaves, two_steps
 
     states = {}
@@ -81,8 +82,7 @@ def test_replicated_parameters_and_adams_state_are_flat_vectors_with_the_same_st
         runs = states.setdefault("runs", {})
         runs[flat] = two_steps(JOB)
     assert states[True] == 4 < states[False]
-    from codesign.engine.profile import FLAT_STEP_ARRAYS  # what a GPU profile times a program call with
-    assert states[True] + 2 == FLAT_STEP_ARRAYS  # the state, and the batch's x and y
+    assert states[True] + 2 == FLAT_STEP_ARRAYS  # the state and the batch's x and y: what a GPU profile's call takes
     per_leaf = states["runs"][False]
     assert_matches("flat", differences(states["runs"][True], per_leaf, live_leaves(per_leaf)))
 
