@@ -261,10 +261,11 @@ def mixer_section(kind: str, precision: str, sizes: LoopSizes) -> MixerSection:
                 z = jax.random.normal(jax.random.key(1), shape, dtype)
                 params = m.init(jax.random.key(0), z)
                 out = jax.eval_shape(m.apply, params, z)
+                if not backward:
+                    return params, z, jnp.zeros(out.shape, out.dtype)
                 cotangent = jax.random.normal(jax.random.key(2), out.shape, jnp.float32)
-                result = jax.eval_shape(g, params, z, cotangent) if backward else out
-                zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), result)
-                return (params, z, cotangent, zeros) if backward else (params, z, zeros)
+                grads = jax.eval_shape(g, params, z, cotangent)
+                return params, z, cotangent, jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), grads)
 
             bodies += [lambda c, m=module: (c[0], c[1], m.apply(c[0], c[1])),
                        lambda c, g=loss: (c[0], c[1], c[2], g(c[0], c[1], c[2]))]
