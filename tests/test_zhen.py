@@ -186,12 +186,14 @@ def test_layer_work_matches_the_built_layers(spec):
         assert work.sharded_params == sum(leaf.size for leaf, a in zip(leaves, axes) if "mlp" in tuple(a))
 
 
-@pytest.mark.parametrize("kind, within", [("DOT", 0.05), ("ATTENTION", 0.1), ("LINEAR", 0.25), ("CONVOLUTION", 0.5)])
-def test_the_first_layers_skipped_backward_is_the_input_gradient_xla_leaves_out(kind, within):
+@pytest.mark.parametrize("kind, low, within", [("DOT", 1.0, 0.05), ("ATTENTION", 1.0, 0.1), ("LINEAR", 1.0, 0.25),
+                                               ("CONVOLUTION", 1 - 1 / 50, 0.5)])
+def test_the_first_layers_skipped_backward_is_the_input_gradient_xla_leaves_out(kind, low, within):
     """The step differentiates the parameters alone, so the first layer's backward never computes
     its input's gradient: XLA's own FLOP count of that gradient (compiled with it, less without)
     against counts' skipped_backward (element-wise ops, which XLA counts too, make the small
-    mixers' ratio larger)."""
+    mixers' ratio larger; the convolution's written-out backward makes 25 products and 24 sums
+    of the 50 FLOPs per element counted)."""
     spec = ModelSpec(16, 8, 4, 1, ((kind,),))
     params = nn.meta.unbox(network.init_params(spec, jax.random.key(0)))
     x = jnp.ones((32, 8, 16))
@@ -202,5 +204,55 @@ def test_the_first_layers_skipped_backward_is_the_input_gradient_xla_leaves_out(
         return (found[0] if isinstance(found, list) else found)["flops"]
 
     skipped = 32 * counts.mixer_work(kind, 16, 4, 8, first=True).skipped_backward
-    assert 1.0 <= (flops((0, 1)) - flops(0)) / skipped <= 1.0 + within
+    assert low <= (flops((0, 1)) - flops(0)) / skipped <= 1.0 + within
     assert counts.mixer_work(kind, 16, 4, 8).skipped_backward == 0  # later layers compute it
+
+
+def _conv_loss_and_grads():
+    """The loss of SameConv against a random cotangent, and its gradients, as lax.conv's."""
+    z = jax.random.normal(jax.random.key(1), (6, 7, 9))
+    cotangent = jax.random.normal(jax.random.key(2), (6, 7, 9))
+    params = nn.meta.unbox(network.SameConv().init(jax.random.key(0), z)["params"])
+    params = {"kernel": params["kernel"], "bias": params["bias"] + 0.3}
+
+    def own(p, z):
+        return jnp.sum(network.SameConv().apply({"params": p}, z) * cotangent)
+
+    def reference(p, z):
+        y = jax.lax.conv_general_dilated(z[..., None], p["kernel"], (1, 1), "SAME",
+                                         dimension_numbers=("NHWC", "HWIO", "NHWC"))[..., 0] + p["bias"]
+        return jnp.sum(y * cotangent)
+
+    return [jax.value_and_grad(f, argnums=(0, 1))(params, z) for f in (own, reference)]
+
+
+def test_the_convolutions_written_out_backward_is_lax_convs_gradient():
+    """network.shifted_conv's custom VJP: z's, the kernel's and the bias's gradients as JAX
+    differentiates lax.conv (and the loss as its forward)."""
+    (own, own_grads), (ref, ref_grads) = _conv_loss_and_grads()
+    assert jnp.allclose(own, ref, rtol=1e-5)
+    for a, b in zip(jax.tree.leaves(own_grads), jax.tree.leaves(ref_grads)):
+        assert a.shape == b.shape and jnp.allclose(a, b, rtol=1e-4, atol=1e-4)
+
+
+def test_the_convolutions_gradient_inside_shard_map_sums_the_shards():
+    """With the batch split over two devices by shard_map, the replicated kernel's and bias's
+    gradients come out replicated, the sum over the shards as JAX differentiates a broadcast
+    (the custom VJP's are as varying as its cotangent; network._varying_like's cast makes the
+    sum), equal to the unsharded ones."""
+    from tests.conftest import run_on_devices
+
+    out = run_on_devices(2, """
+        import flax.linen as nn, jax, jax.numpy as jnp, numpy as np
+        from jax.sharding import Mesh, PartitionSpec as P
+        from codesign.zhen import network
+        z = jax.random.normal(jax.random.key(1), (4, 7, 9))
+        params = nn.meta.unbox(network.SameConv().init(jax.random.key(0), z)["params"])
+        loss = lambda p, z: jnp.sum(network.SameConv().apply({"params": p}, z) ** 2)
+        mesh = Mesh(np.array(jax.devices()), ("d",))
+        sharded = jax.shard_map(jax.grad(loss), mesh=mesh,
+                                in_specs=(P(), P("d")), out_specs=P())
+        whole, split = jax.grad(loss)(params, z), jax.jit(sharded)(params, z)
+        print(max(float(jnp.max(jnp.abs(a - b))) for a, b in zip(jax.tree.leaves(whole), jax.tree.leaves(split))))
+    """)
+    assert float(out.stdout.strip().splitlines()[-1]) < 1e-4
