@@ -62,15 +62,15 @@ def test_a_component_no_probe_exercises_keeps_its_micro_benchmark():
 
 @pytest.mark.slow
 def test_the_shared_core_probe_times_the_probe_models_gradients_on_each_device_count():
-    out = run_on_devices(2, "import json\nfrom codesign.engine.profile import speedup\n"
-                            "print(json.dumps(speedup(1)))").stdout.strip().splitlines()[-1]
+    out = run_on_devices(2, "import json\nfrom codesign.engine.profile import measured, speedup\n"
+                            "print(json.dumps(measured(speedup(1))))").stdout.strip().splitlines()[-1]
     peak, points = json.loads(out)
     assert peak > 1e8 and [n for n, _ in points] == [1, 2]
     assert points[0][1] == 1.0 and 1.0 <= points[1][1] <= 2.5  # two devices: at worst they take turns
 
 
 def test_the_cpu_link_latency_is_one_more_array_in_a_program_reducing_many():
-    code = "import json\nfrom codesign.engine.profile import link\nprint(json.dumps(vars(link(1))))"
+    code = "import json\nfrom codesign.engine.profile import link, measured\nprint(json.dumps(vars(measured(link(1)))))"
     found = json.loads(run_on_devices(2, code).stdout.strip().splitlines()[-1])
     assert found["bandwidth"] > 1e7 and 1e-8 < found["latency"] < 1e-3
 

@@ -37,7 +37,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Generator, Sequence, TypeVar
 
 import flax.linen as nn
 import jax
@@ -77,6 +77,7 @@ from codesign.spec.types import MIXERS, ClusterSpec, Job, ModelSpec, ParallelSpe
 from codesign.zhen import counts, network
 
 log = logging.getLogger("codesign.profile")
+T = TypeVar("T")
 LOOPS_ENV = "CODESIGN_PROFILE_LOOPS"  # "small": the GPU's loop-timed path on CPU, at small sizes (tests)
 SPEEDUP_SAMPLES = 16  # per device, in the shared-core speed-up probe (small steps: what a CPU sweep runs)
 SPEEDUP_SECONDS = 0.5  # ... each device count's steps timed for this long in all
@@ -405,7 +406,7 @@ def loop_profile(parts: Parts, sizes: LoopSizes) -> DeviceProfile:
     memory = parts.get("bandwidth", lambda: stream_bandwidth(sizes))
     log.info("  memory bandwidth: %.3g B/s (%.3g GiB read and written per iteration)", memory,
              stream_bytes(sizes.stream) / 2**30)
-    dispatch = parts.get("dispatch", lambda: dispatch_time(5, FLAT_STEP_ARRAYS))
+    dispatch = parts.get("dispatch", lambda: measured(dispatch_time(5, FLAT_STEP_ARRAYS)))
     log.info("  dispatch: %.1f us per call of a program of %d arrays", dispatch * 1e6, FLAT_STEP_ARRAYS)
     names = {f"{precision} {kind}": (kind, precision) for precision in DTYPES for kind in (*MIXERS, LAYER)}
     sections = {name: mixer_section(*key, sizes) for name, key in names.items() if name not in parts.data}
@@ -451,32 +452,66 @@ def median_time(fn: Callable[[], object], repeats: int, best: bool = True, min_s
     return float(np.min(times) if best else np.median(times))
 
 
-def call_times(module: nn.Module, z: jax.Array, repeats: int) -> tuple[float, float]:
+# A CPU micro-benchmark is a generator: it compiles its programs and runs each once, yields, and
+# times them when resumed, so that a profile compiles everything first (its probe children
+# compiling beside it) and times with the machine quiet.
+Bench = Generator[None, None, T]
+
+
+def prepared(bench: Bench[T]) -> Callable[[], T]:
+    """The benchmark compiled and run once now; the call returned times it."""
+    next(bench)
+
+    def timed() -> T:
+        try:
+            next(bench)
+        except StopIteration as done:
+            return done.value
+        raise RuntimeError("a micro-benchmark yields once, between compiling and timing")
+
+    return timed
+
+
+def measured(bench: Bench[T]) -> T:
+    return prepared(bench)()
+
+
+def call_times(module: nn.Module, z: jax.Array, repeats: int) -> Bench[tuple[float, float]]:
     """(forward, backward) seconds of one module call on z: backward = forward-and-backward - forward."""
     params = module.init(jax.random.key(0), z)
     fwd = jax.jit(lambda p, x: module.apply(p, x))
     both = jax.jit(jax.grad(lambda p, x: jnp.sum(module.apply(p, x).astype(jnp.float32)), argnums=(0, 1)))
+    jax.block_until_ready((fwd(params, z), both(params, z)))
+    yield
     forward = median_time(lambda: fwd(params, z), repeats)
     return forward, max(median_time(lambda: both(params, z), repeats) - forward, 0.05 * forward)
 
 
-def kind_rate(kind: str, dispatch: float, peak: float, repeats: int) -> Rate:
-    """A least-squares line through the probe's micro-batch sizes (fp32, per call): slope ->
-    effective FLOP/s at the probed widths, activation traffic included (at most the device's
-    matmul peak: noise can flatten a slope), intercept less the dispatch -> the fixed cost per call."""
+def mixer_times(kind: str, repeats: int) -> Bench[list[tuple[float, float]]]:
+    """call_times of a kind's one-mixer layer at each of MIXER_BATCHES (fp32, probe widths)."""
     f_in, out, emb = PROBE_WIDTHS
-    sizes = MIXER_BATCHES
-    module, flops = mixer_module(kind, f_in, out, emb, jnp.float32)
-    times = np.array([call_times(module, jax.random.normal(jax.random.key(1), (b, emb, f_in)), repeats)
-                      for b in sizes])
+    module, _ = mixer_module(kind, f_in, out, emb, jnp.float32)
+    calls = [prepared(call_times(module, jax.random.normal(jax.random.key(1), (b, emb, f_in)), repeats))
+             for b in MIXER_BATCHES]
+    yield
+    return [call() for call in calls]
 
-    def fit(seconds: np.ndarray, work: float) -> tuple[float, float]:
-        slope, intercept = np.polyfit(np.array(sizes, float), seconds, 1)
+
+def kind_rate(kind: str, times: list[tuple[float, float]], dispatch: float, peak: float) -> Rate:
+    """A least-squares line through mixer_times: slope -> effective FLOP/s at the probed widths,
+    activation traffic included (at most the device's matmul peak: noise can flatten a slope),
+    intercept less the dispatch -> the fixed cost per call."""
+    f_in, out, emb = PROBE_WIDTHS
+    _, flops = mixer_module(kind, f_in, out, emb, jnp.float32)
+    seconds = np.array(times)
+
+    def fit(found: np.ndarray, work: float) -> tuple[float, float]:
+        slope, intercept = np.polyfit(np.array(MIXER_BATCHES, float), found, 1)
         slope = max(slope, work / peak)
         return float(work / slope), float(max(intercept - dispatch, 1e-6))
 
-    forward, overhead = fit(times[:, 0], flops)
-    backward, _ = fit(times[:, 1], 2 * flops)
+    forward, overhead = fit(seconds[:, 0], flops)
+    backward, _ = fit(seconds[:, 1], 2 * flops)
     return Rate(forward, backward, overhead)
 
 
@@ -496,7 +531,7 @@ class OneMixerLayer(nn.Module):
         return network.ZhenBlock(spec, 0, self.dtype)((z, None))[1]
 
 
-def bandwidth(repeats: int, size: int = 2**21) -> float:
+def bandwidth(repeats: int, size: int = 2**21) -> Bench[float]:
     """Bytes/s of what the cost model prices as memory traffic: an Adam update of `size` fp32
     parameters with its state donated (updated in place, as the step does), ADAM_TRAFFIC
     parameter-sized arrays moved. (A large element-wise op writing a fresh output measures the
@@ -516,24 +551,28 @@ def bandwidth(repeats: int, size: int = 2**21) -> float:
         state[0], state[1] = step(state[0], state[1], grads)
         return state[0]
 
+    jax.block_until_ready(run())
+    yield
     return ADAM_TRAFFIC * 4 * size / median_time(run, repeats)
 
 
-def dispatch_time(repeats: int, arrays: int = 64) -> float:
+def dispatch_time(repeats: int, arrays: int = 64) -> Bench[float]:
     """One call of a compiled program taking as many arrays as a stage's parameters and state."""
     f = jax.jit(lambda xs: [x + 1.0 for x in xs])
     xs = [jnp.ones((8,)) for _ in range(arrays)]
+    jax.block_until_ready(f(xs))
+    yield
     return median_time(lambda: f(xs), 4 * repeats)
 
 
-def speedup(repeats: int) -> tuple[float, list[tuple[int, float]]]:
+def speedup(repeats: int) -> Bench[tuple[float, list[tuple[int, float]]]]:
     """One device's matmul FLOP/s, and the aggregate speed of n devices each computing the probe
     model's gradients on its own SPEEDUP_SAMPLES samples at once (a data-parallel step's work
     without its collectives), relative to one device."""
     devices = jax.devices()
     w = jnp.ones((256, 256), jnp.float32)
     big = jax.jit(lambda a, b: jnp.tanh(a @ b) @ b)
-    peak = 4 * 256**3 / median_time(lambda: big(w, w), repeats)
+    jax.block_until_ready(big(w, w))
     job = probe_job(1, (1, 1, 1), 1, SPEEDUP_SAMPLES)
     loss = loss_fn(job, ((0, 1),), False)
     params = initial_params(job.model, tuple(range(job.model.num_zhen_layers)), job.training.seed)
@@ -542,7 +581,7 @@ def speedup(repeats: int) -> tuple[float, list[tuple[int, float]]]:
         value, grads = jax.value_and_grad(loss)(params, x, y)
         return (value + sum(jnp.sum(g) for g in jax.tree.leaves(grads)))[None]
 
-    base, points = 0.0, []
+    busy = {}
     for n in (1, 2, 4, 8):
         if n > len(devices):
             break
@@ -551,14 +590,19 @@ def speedup(repeats: int) -> tuple[float, list[tuple[int, float]]]:
         x = jax.device_put(jnp.ones((n * SPEEDUP_SAMPLES, job.model.emb_dim, job.model.num_features)), sharded)
         y = jax.device_put(jnp.ones((n * SPEEDUP_SAMPLES, counts.output_width(job.model))), sharded)
         f = jax.jit(jax.shard_map(local, mesh=mesh, in_specs=(P(), P("d"), P("d")), out_specs=P("d")))
-        placed = jax.device_put(params, replicated)
-        seconds = median_time(lambda: f(placed, x, y), 2 * repeats, best=False, min_seconds=SPEEDUP_SECONDS)
+        busy[n] = functools.partial(f, jax.device_put(params, replicated), x, y)
+        jax.block_until_ready(busy[n]())
+    yield
+    peak = 4 * 256**3 / median_time(lambda: big(w, w), repeats)
+    base, points = 0.0, []
+    for n, step in busy.items():
+        seconds = median_time(step, 2 * repeats, best=False, min_seconds=SPEEDUP_SECONDS)
         base = base or seconds
         points.append((n, max(1.0, n * base / seconds)))  # at worst they take turns; less is others' load
     return peak, points
 
 
-def link(repeats: int) -> Link:
+def link(repeats: int) -> Bench[Link]:
     """All-reduces over every local device: a large one gives the bandwidth; the latency is the
     marginal cost of one more array in a program reducing many, as a step's gradients go on CPU,
     each array paying its own rendezvous (XLA:CPU: 6-9 us per ring step back to back, against
@@ -571,18 +615,23 @@ def link(repeats: int) -> Link:
     big = jax.device_put(jnp.ones((n, size // 4), jnp.float32), sharded)
     reduce = jax.jit(lambda a: jnp.sum(a, axis=0), out_shardings=replicated)
     small = jax.device_put(jnp.ones((n, 16), jnp.float32), sharded)
+    few, many = small_reduces(mesh, 8), small_reduces(mesh, 32)
+    jax.block_until_ready((reduce(big), reduce(small)))
+    yield
     reduce_small = median_time(lambda: reduce(small), repeats)
-    one_call = (small_reduces(mesh, 32, repeats) - small_reduces(mesh, 8, repeats)) / 24
+    one_call = (median_time(many, repeats) - median_time(few, repeats)) / 24
     moving = max(median_time(lambda: reduce(big), repeats) - reduce_small, 1e-9)
     return Link(2 * (n - 1) / n * size / moving, max(one_call, 1e-7) / (2 * (n - 1)))
 
 
-def small_reduces(mesh: Mesh, arrays: int, repeats: int) -> float:
-    """Seconds of one program all-reducing `arrays` small arrays, as a step's gradients go on CPU."""
+def small_reduces(mesh: Mesh, arrays: int) -> Callable[[], Any]:
+    """One program all-reducing `arrays` small arrays, as a step's gradients go on CPU, compiled
+    and run once: the call runs it again."""
     n = mesh.devices.size
     xs = [jax.device_put(jnp.ones((n, 16 + k), jnp.float32), NamedSharding(mesh, P("d"))) for k in range(arrays)]
     reduce = jax.jit(lambda xs: [jnp.sum(x, axis=0) for x in xs], out_shardings=[NamedSharding(mesh, P())] * arrays)
-    return median_time(lambda: reduce(xs), repeats)
+    jax.block_until_ready(reduce(xs))
+    return lambda: reduce(xs)
 
 
 def update_scratch(widths: tuple[int, int, int]) -> float:
@@ -674,18 +723,14 @@ class ChildProbes:
         return json.loads(line)
 
 
-def probe_step_times(jobs: list[Job], children: list[ChildProbes], repeats: int) -> list[float]:
-    """The probe steps' median seconds. On CPU the steps of n < all devices run in a child that
-    sees n virtual devices, as a sweep's job on n devices does. Every group (this process's,
-    each child's) is timed in PROBE_ROUNDS rounds, one group at a time, so that all of them see
-    the same mix of the machine's drifting speed (8-device probes timed a minute after the
-    others ran 1.3x slower, and the fit read that as contention)."""
-    apart = {child.devices for child in children}
-    groups: dict[int, LocalProbes | ChildProbes] = {
-        len(jax.devices()): LocalProbes([j for j in jobs if j.cluster.num_devices not in apart], repeats)}
-    for child in children:
-        child.ready()
-        groups[child.devices] = child
+def probe_step_times(jobs: list[Job], local: LocalProbes, children: list[ChildProbes]) -> list[float]:
+    """The probe steps' median seconds, every group compiled (`local`: the steps on all devices;
+    each child's: those on the n it sees, as a sweep's job on n devices does). Every group is
+    timed in PROBE_ROUNDS rounds, one group at a time, so that all of them see the same mix of
+    the machine's drifting speed (8-device probes timed a minute after the others ran 1.3x
+    slower, and the fit read that as contention)."""
+    groups: dict[int, LocalProbes | ChildProbes] = {len(jax.devices()): local}
+    groups.update((child.devices, child) for child in children)
     pooled: dict[int, list[list[float]]] = {}
     for _ in range(PROBE_ROUNDS):
         for n, group in groups.items():
@@ -721,19 +766,28 @@ def device_memory(device) -> int:
 def cpu_profile(parts: Parts, repeats: int = 5) -> DeviceProfile:
     """Virtual CPU devices: micro-benchmarks per call, then fitted to real training steps of the
     probe models (kernels probed one by one are not a compiled step: fused, scheduled together,
-    laid out for it). The children timing the steps on fewer devices start after the
-    micro-benchmarks: started first, compiling beside them (1.3x faster in all), the profile
-    priced a cost sweep at 48% median time error against 21% (one run each)."""
-    jobs = probe_jobs(len(jax.devices()))
-    apart = set() if "probe steps" in parts.data else {j.cluster.num_devices for j in jobs} - {len(jax.devices())}
-    probed = probed_cpu(parts, repeats)
-    children = [ChildProbes(n, repeats) for n in sorted(apart)]
+    laid out for it). Every program is compiled first, the children's probe steps beside this
+    process's micro-benchmarks and probe steps, and nothing is timed before all are: the
+    compiles fill both cores, and no timing sees a compile (timed while the children compiled,
+    a profile priced a cost sweep at 48% median time error against 21%)."""
+    n = len(jax.devices())
+    jobs = probe_jobs(n)
+    steps = "probe steps" not in parts.data
+    apart = sorted({j.cluster.num_devices for j in jobs} - {n}) if steps else []
+    children = [ChildProbes(devices, repeats) for devices in apart]
     try:
-        measured = parts.get("probe steps", lambda: probe_step_times(jobs, children, repeats))
+        benches = {name: prepared(bench) for name, bench in micro_benchmarks(repeats).items()
+                   if name not in parts.data}
+        parts.get("scratch", lambda: update_scratch(PROBE_WIDTHS))
+        local = LocalProbes([j for j in jobs if j.cluster.num_devices not in apart], repeats) if steps else None
+        for child in children:
+            child.ready()
+        probed = probed_cpu(parts, benches)
+        found = parts.get("probe steps", lambda: probe_step_times(jobs, local, children))
     finally:
         for child in children:
             child.close()
-    factors = fitted_factors(probed, jobs, measured)
+    factors = fitted_factors(probed, jobs, found)
     log.info("  fitted factors: %s", ", ".join(f"{k} x {v:.2f}" for k, v in factors.items()))
     profile = scaled(probed, factors)
     log.info("  calibrated on real steps: memory %.3g B/s, link %s, %.2f gradient copies per all-reduce",
@@ -741,31 +795,39 @@ def cpu_profile(parts: Parts, repeats: int = 5) -> DeviceProfile:
     return profile
 
 
-def probed_cpu(parts: Parts, repeats: int) -> DeviceProfile:
-    """The micro-benchmarks' profile, before the fit."""
-    memory, dispatch, call = (parts.get(name, measure) for name, measure in (
-        ("bandwidth", lambda: bandwidth(repeats)), ("dispatch", lambda: dispatch_time(repeats)),
-        ("call", lambda: dispatch_time(repeats, 2))))
-    peak, points = parts.get("speedup", lambda: speedup(repeats))
+def micro_benchmarks(repeats: int) -> dict[str, Bench[Any]]:
+    """The CPU profile's micro-benchmarks by section, none started."""
+    benches: dict[str, Bench[Any]] = {
+        "bandwidth": bandwidth(repeats), "dispatch": dispatch_time(repeats), "call": dispatch_time(repeats, 2),
+        "speedup": speedup(repeats), **{f"fp32 {kind}": mixer_times(kind, repeats) for kind in (*MIXERS, LAYER)}}
+    if len(jax.devices()) > 1:
+        benches["link"] = link(repeats)
+    return benches
+
+
+def probed_cpu(parts: Parts, benches: dict[str, Callable[[], Any]]) -> DeviceProfile:
+    """The micro-benchmarks' profile, before the fit (benches: those not in parts, prepared)."""
+    memory, dispatch, call = (parts.get(name, benches.get(name)) for name in ("bandwidth", "dispatch", "call"))
+    peak, points = parts.get("speedup", benches.get("speedup"))
     log.info("  matmul %.3g FLOP/s, memory %.3g B/s, dispatch %.3g s; aggregate speed of n busy devices: %s",
              peak, memory, dispatch, points)
     table = []
     for kind in (*MIXERS, LAYER):
-        table.append((kind, Rate.from_dict(parts.get(f"fp32 {kind}",
-                                                     lambda: kind_rate(kind, call, peak, repeats).to_dict()))))
-        log.info("  fp32 %s: %s", kind, table[-1][1])
-    found = parts.get("link", lambda: vars(link(repeats)) if len(jax.devices()) > 1 else None)
+        name = f"fp32 {kind}"
+        table.append((kind, Rate.from_dict(parts.get(name, lambda: kind_rate(kind, benches[name](), call,
+                                                                              peak).to_dict()))))
+        log.info("  %s: %s", name, table[-1][1])
+    found = parts.get("link", lambda: vars(benches["link"]()) if "link" in benches else None)
     return DeviceProfile(kind="cpu", platform="cpu", memory=device_memory(jax.devices()[0]),
                          rates=(("fp32", tuple(table)),), bandwidth=memory, dispatch=dispatch,
                          speedup=tuple(map(tuple, points)), link=Link(**found) if found else None,
-                         update_scratch=parts.get("scratch", lambda: update_scratch(PROBE_WIDTHS)),
-                         combines_collectives=False, sync_traffic=1.0, contention=CONTENTION, roofline=False,
-                         versions=tuple(sorted(library_versions().items())), source="measured")
+                         update_scratch=parts.data["scratch"], combines_collectives=False, sync_traffic=1.0,
+                         contention=CONTENTION, roofline=False, versions=tuple(sorted(library_versions().items())),
+                         source="measured")
 
 
 def measure(out: Path) -> DeviceProfile:
     """The local devices' profile; sections so far in OUT.json.parts (removed once OUT.json is whole)."""
-    configure_jax(os.environ.get("CODESIGN_CACHE_DIR"))
     device = jax.devices()[0]
     log.info("profiling %d %s device(s) (%s)", len(jax.devices()), device.platform, device.device_kind)
     parts = Parts(out.with_name(out.name + ".parts"))
@@ -776,6 +838,9 @@ def measure(out: Path) -> DeviceProfile:
 
 def main(argv: list[str]) -> int:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="codesign profile: %(message)s")
+    configure_jax(os.environ.get("CODESIGN_CACHE_DIR"))  # the probe children's steps too
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)  # the micro-benchmarks' small
+    # programs too: a profile run again compiles from the cache
     if argv[0] == "--steps":
         serve_probes(int(argv[1]))
         return 0
