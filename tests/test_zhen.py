@@ -256,3 +256,13 @@ def test_the_convolutions_gradient_inside_shard_map_sums_the_shards():
         print(max(float(jnp.max(jnp.abs(a - b))) for a, b in zip(jax.tree.leaves(whole), jax.tree.leaves(split))))
     """)
     assert float(out.stdout.strip().splitlines()[-1]) < 1e-4
+
+
+def test_the_convolutions_gradient_sums_are_the_same_on_every_platforms_branch():
+    """shifted_conv's backward sums in one variadic reduction on CPU and one sum per term
+    elsewhere (GPUs): the two branches agree, so the GPU's is checked here too."""
+    terms = [jax.random.normal(jax.random.key(i), (3, 5, 7)) for i in range(4)]
+    one, separate = network.sums_in_one_reduction(*terms), network.sums_one_by_one(*terms)
+    assert one.shape == separate.shape == (4,)
+    assert jnp.allclose(one, separate, rtol=1e-5, atol=1e-5)
+    assert jnp.allclose(separate, jnp.array([float(t.sum()) for t in terms]), rtol=1e-5, atol=1e-5)
