@@ -99,3 +99,67 @@ def test_probe_steps_on_fewer_devices_are_timed_in_a_child_that_sees_only_those(
     for times in rounds:
         assert len(times) == len(probe_jobs(1)) == 4
         assert all(sum(t) >= PROBE_SECONDS / PROBE_ROUNDS and 0 < min(t) < 5 for t in times)
+
+
+def test_a_cpu_profile_compiles_every_program_before_it_times_any(tmp_path, monkeypatch):
+    """The probe children start first, then this process compiles its micro-benchmarks and
+    probes; nothing is timed before every program (the children's too) is compiled."""
+    from types import SimpleNamespace
+
+    from codesign.engine import profile as engine  # JAX: here only
+    from codesign.planner.profiles import LAYER, Link
+    from codesign.spec.types import MIXERS
+
+    events = []
+
+    def bench(name, value):
+        events.append(f"start {name}")
+        yield
+        events.append(f"time {name}")
+        return value
+
+    class Probes:
+        def __init__(self, devices):
+            self.devices = devices
+
+        def ready(self):
+            events.append(f"ready {self.devices}")
+
+        def round(self):
+            events.append(f"time steps {self.devices}")
+            return [[0.01]]
+
+        def close(self):
+            events.append(f"close {self.devices}")
+
+    class Child(Probes):
+        def __init__(self, devices, repeats):
+            super().__init__(devices)
+            events.append(f"start child {devices}")
+
+    class Local(Probes):
+        def __init__(self, jobs, repeats):
+            super().__init__(0)
+            events.append("compile local steps")
+
+    def job(devices):
+        return SimpleNamespace(cluster=SimpleNamespace(num_devices=devices), num_micro_batches=1, global_batch=8,
+                               parallel=SimpleNamespace(pp_dp_op=(1, devices, 1)))
+
+    n = len(engine.jax.devices())
+    values = {"bandwidth": 1e10, "dispatch": 1e-4, "call": 1e-5, "speedup": (1e10, [(1, 1.0)]),
+              "link": Link(1e9, 1e-5), **{f"fp32 {k}": [(1e-4, 2e-4), (1e-3, 2e-3)] for k in (*MIXERS, LAYER)}}
+    monkeypatch.setattr(engine, "probe_jobs", lambda _: [job(n), job(n + 1)])
+    monkeypatch.setattr(engine, "ChildProbes", Child)
+    monkeypatch.setattr(engine, "LocalProbes", Local)
+    monkeypatch.setattr(engine, "micro_benchmarks", lambda _: {k: bench(k, v) for k, v in values.items()})
+    monkeypatch.setattr(engine, "update_scratch", lambda _: events.append("compile scratch") or 0.1)
+    monkeypatch.setattr(engine, "fitted_factors", lambda *_: {})
+    profile = engine.cpu_profile(engine.Parts(tmp_path / "p.json.parts"), repeats=1)
+
+    first_time = next(i for i, e in enumerate(events) if e.startswith("time"))
+    assert events[0] == f"start child {n + 1}"
+    assert {"compile local steps", "compile scratch", f"ready {n + 1}"} <= set(events[:first_time])
+    assert {f"start {k}" for k in values} <= set(events[:first_time])
+    assert {f"time {k}" for k in values} | {"time steps 0", f"time steps {n + 1}"} <= set(events[first_time:])
+    assert events[-1] == f"close {n + 1}" and profile.bandwidth == 1e10 and profile.link == Link(1e9, 1e-5)
