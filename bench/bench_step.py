@@ -10,11 +10,14 @@ Rows per precision and batch (--rows, in this order): `project` (the step codesi
 layer), `project-flat` and `project-leaves` (parameters and Adam's state as flat vectors,
 engine.step.FlatView, or one array per leaf: the default is flat on a GPU, per leaf on CPU), `project-fold` (with fold_dot, the DOT mixer over the Gram's upper blocks) and `reference`
 (reference_step.py: jax.numpy from DESIGN.md, optax.adam, one jit), then project/reference.
-TFLOP/s are model FLOPs (3x the analytical forward, DOT over all F_in^2 pairs); peak memory
+`step ms` is the median of synchronised steps (what a sweep records); `loop ms` the mean of steps
+dispatched back to back with one sync at the end (a training loop's pace). TFLOP/s are model
+FLOPs (3x the analytical forward, DOT over all F_in^2 pairs); peak memory
 and compile time (lowering and XLA compilation) come from the compiled program. --hlo adds the
 optimized HLO's op counts (fusions, gathers, transposes, copies, dots). --trace DIR traces a few
 more steps of each row with jax.profiler into DIR/<row>_<precision>_<batch> and prints its kernel
-table (kernel_table.py). --recompile compiles each row's step again in a fresh process reading the
+table (kernel_table.py); the row's optimized HLO goes beside the trace (optimized_hlo.txt), so
+its kernels can be found by name. --recompile compiles each row's step again in a fresh process reading the
 same persistent compilation cache (--cache, or a fresh temporary one, so the first compile is
 cold) and prints that compile's time and the cache's hits. Prints figures, asserts nothing.
 """
@@ -73,6 +76,25 @@ def _median_step(run: Callable[[], None], steps: int) -> float:
     return float(np.median(times[WARMUP:]))
 
 
+def _looped_step(dispatch: Callable[[], None], sync: Callable[[], None], steps: int) -> float:
+    """Mean wall time of `steps` steps dispatched back to back, one sync after the last: a training
+    loop's pace, the host's call of each step hidden behind the device's work on the one before."""
+    sync()
+    start = time.perf_counter()
+    for _ in range(steps):
+        dispatch()
+    sync()
+    return (time.perf_counter() - start) / steps
+
+
+def _timings(dispatch: Callable[[], None], sync: Callable[[], None], steps: int) -> dict:
+    def run() -> None:
+        dispatch()
+        sync()
+
+    return {"step_s": _median_step(run, steps), "loop_s": _looped_step(dispatch, sync, steps), "run": run}
+
+
 def project_training(model: ModelSpec, batch: int, precision: str, fold: bool) -> programs.Training:
     job = _job(model, batch, precision, fold)
     return build_training(job, make_plan(job))
@@ -93,13 +115,8 @@ def project_variant(row: str, model: ModelSpec, batch: int, precision: str) -> p
 
 def bench_project(row: str, model: ModelSpec, batch: int, precision: str, steps: int) -> dict:
     training = project_variant(row, model, batch, precision)
-
-    def run() -> None:
-        training.step()
-        training.synchronize()
-
-    return {"step_s": _median_step(run, steps), "compile_s": training.compile_time, "run": run,
-            "peak": training.memory.get("peak"), "ops": programs.compiled_op_counts(training.compiled)}
+    return _timings(training.step, training.synchronize, steps) | {
+        "compile_s": training.compile_time, "peak": training.memory.get("peak"), "compiled": training.compiled}
 
 
 def reference_program(model: ModelSpec, batch: int, precision: str) -> tuple[Callable, list, float]:
@@ -118,12 +135,11 @@ def reference_program(model: ModelSpec, batch: int, precision: str) -> tuple[Cal
 def bench_reference(model: ModelSpec, batch: int, precision: str, steps: int) -> dict:
     compiled, args, compile_s = reference_program(model, batch, precision)
 
-    def run() -> None:
-        args[0], args[1], loss = compiled(*args)
-        jax.block_until_ready((args[0], loss))
+    def dispatch() -> None:
+        args[0], args[1], _ = compiled(*args)
 
-    return {"step_s": _median_step(run, steps), "compile_s": compile_s, "run": run,
-            "peak": programs.compiled_memory(compiled).get("peak"), "ops": programs.compiled_op_counts(compiled)}
+    return _timings(dispatch, lambda: jax.block_until_ready(args[0]), steps) | {
+        "compile_s": compile_s, "peak": programs.compiled_memory(compiled).get("peak"), "compiled": compiled}
 
 
 def bench_row(row: str, model: ModelSpec, batch: int, precision: str, steps: int) -> dict:
@@ -172,8 +188,9 @@ def _row(name: str, model: ModelSpec, precision: str, batch: int, r: dict, hlo: 
     step = r["step_s"]
     text = (f"{name:>12} {precision:>9} {batch:>6} {step * 1e3:>9.2f} {batch / step:>11,.0f} "
             f"{counts.train_flops_per_sample(model) * batch / step / 1e12:>8.3f} "
-            f"{(r['peak'] or 0) / 2**20:>9.1f} {r['compile_s']:>9.2f}")
-    return text + ("  " + " ".join(f"{k}={v}" for k, v in r["ops"].items()) if hlo else "")
+            f"{(r['peak'] or 0) / 2**20:>9.1f} {r['compile_s']:>9.2f} {r['loop_s'] * 1e3:>9.2f}")
+    ops = programs.compiled_op_counts(r["compiled"]) if hlo else {}
+    return text + ("  " + " ".join(f"{k}={v}" for k, v in ops.items()) if hlo else "")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -202,7 +219,9 @@ def report_row(row: str, args: argparse.Namespace, batch: int, precision: str, c
     r = bench_row(row, model, batch, precision, args.steps)
     print(_row(row, model, precision, batch, r, args.hlo), flush=True)
     if args.trace:
-        table = trace_table(r["run"], Path(args.trace) / f"{row}_{precision}_{batch}", min(args.steps, TRACE_STEPS))
+        log_dir = Path(args.trace) / f"{row}_{precision}_{batch}"
+        table = trace_table(r["run"], log_dir, min(args.steps, TRACE_STEPS))
+        (log_dir / "optimized_hlo.txt").write_text(r["compiled"].as_text())  # the kernels' fusions, by name
         print(kernel_table.format_table(table, f"{row} {precision} batch {batch}"), flush=True)
     if args.recompile:  # after the trace: a GPU run cut short by its timeout still printed the table
         again = recompile(row, args.model, batch, precision, cache_dir)
@@ -236,7 +255,7 @@ def main() -> None:
           f"{device.platform} {device.device_kind}, jax {jax.__version__}"
           + (f"; persistent compilation cache {cache_dir}" if cache_dir else ""))
     print(f"{'step':>12} {'precision':>9} {'batch':>6} {'step ms':>9} {'samples/s':>11} {'TFLOP/s':>8} "
-          f"{'peak MiB':>9} {'compile s':>9}")
+          f"{'peak MiB':>9} {'compile s':>9} {'loop ms':>9}")
     bench(args, cache_dir)
 
 
