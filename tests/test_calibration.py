@@ -8,14 +8,7 @@ import sys
 import numpy as np
 import pytest
 
-from codesign.planner.calibration import (
-    COMPONENTS,
-    fitted_factors,
-    loop_probe_jobs,
-    probe_jobs,
-    scaled,
-    step_calibrated,
-)
+from codesign.planner.calibration import COMPONENTS, fitted_factors, probe_jobs, scaled
 from codesign.planner.cost import Workload, estimate
 from codesign.planner.plan import make_plan
 from codesign.planner.profiles import BUILTIN
@@ -170,22 +163,3 @@ def test_a_cpu_profile_compiles_every_program_before_it_times_any(tmp_path, monk
     assert {f"start {k}" for k in values} <= set(events[:first_time])
     assert {f"time {k}" for k in values} | {"time steps 0", f"time steps {n + 1}"} <= set(events[first_time:])
     assert events[-1] == f"close {n + 1}" and profile.bandwidth == 1e10 and profile.link == Link(1e9, 1e-5)
-
-
-def test_a_loop_timed_profile_is_scaled_per_precision_to_price_its_probe_steps_as_measured():
-    h100 = BUILTIN["H100"]
-    probes = loop_probe_jobs("gpu", (384, 12, 96), 1024, ("fp32", "bf16"))
-    assert [p.training.precision for p in probes] == ["fp32", "bf16"]
-    assert {kind for layer in probes[0].model.tokens for kind in layer} == {"DOT", "LINEAR", "ATTENTION", "CONVOLUTION"}
-
-    def price(profile, job):
-        return estimate(Workload.of(job, profile), make_plan(job)).seconds
-
-    before = [price(h100, job) for job in probes]
-    calibrated, factors = step_calibrated(h100, probes[1:], [0.8 * before[1]])  # bf16 alone
-    assert price(calibrated, probes[1]) == pytest.approx(0.8 * before[1], rel=1e-9)
-    assert 0.05 < factors["bf16"] < 0.8 and set(factors) == {"bf16"}  # compute alone: Adam, launches stay
-    assert price(calibrated, probes[0]) == before[0] and calibrated.rate("fp32", "DOT") == h100.rate("fp32", "DOT")
-    assert calibrated.bandwidth == h100.bandwidth and calibrated.dispatch == h100.dispatch
-    both, _ = step_calibrated(h100, probes, [1.1 * before[0], 0.8 * before[1]])
-    assert [price(both, job) for job in probes] == pytest.approx([1.1 * before[0], 0.8 * before[1]], rel=1e-9)

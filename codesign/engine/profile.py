@@ -57,11 +57,9 @@ from codesign.planner.calibration import (
     CONTENTION,
     PROBE_WIDTHS,
     fitted_factors,
-    loop_probe_jobs,
     probe_job,
     probe_jobs,
     scaled,
-    step_calibrated,
 )
 from codesign.planner.cost import ADAM_TRAFFIC
 from codesign.planner.plan import make_plan
@@ -135,7 +133,6 @@ class LoopSizes:
     batches: tuple[int, ...]  # ... each at these micro-batch sizes
     collectives: tuple[int, ...]  # bytes per collective (nccl-tests' size)
     seconds: float  # device time each long loop aims at
-    probe: tuple[tuple[int, int, int], int]  # the probe steps' layer widths and batch (calibration)
 
 
 # The seed model's layer widths (F_in 512, then 80), each at two micro-batch sizes: the points
@@ -143,10 +140,9 @@ class LoopSizes:
 # between that width's two sizes. (Three sizes, 32-1024: the 24 mixer programs did not compile in
 # 95 s on an H100; autotuning each program's matmuls is most of it.)
 GPU_LOOPS = LoopSizes(8192, 2**29, ((512, 20, 160), (80, 20, 160)), (128, 1024),
-                      tuple(2**k for k in range(20, 29, 2)), 0.01, ((384, 12, 96), 1024))
+                      tuple(2**k for k in range(20, 29, 2)), 0.01)
 SMALL_LOOPS = LoopSizes(  # CODESIGN_PROFILE_LOOPS=small, for tests on CPU
-    128, 2**20, ((16, 4, 8), (8, 2, 8)), (4, 16), (2**12, 2**16), 0.002, ((12, 2, 8), 8))
-PROBE_STEPS = 10  # timed steps of each loop-timed profile's probe (after one untimed), their median taken
+    128, 2**20, ((16, 4, 8), (8, 2, 8)), (4, 16), (2**12, 2**16), 0.002)
 
 
 def inner_count(flops: float) -> int:
@@ -403,8 +399,7 @@ def fitted_link(found: dict[str, list[list[float]]], n: int) -> Link:
 
 
 def loop_profile(parts: Parts, sizes: LoopSizes) -> DeviceProfile:
-    """A GPU's profile (or, with small sizes, the same path on CPU) from loop-timed sections, its
-    compute then scaled per precision to a real step of a probe model (calibration.step_calibrated)."""
+    """A GPU's profile (or, with small sizes, the same path on CPU) from loop-timed sections."""
     device, n = jax.devices()[0], len(jax.devices())
     peaks = parts.get("matmul", lambda: matmul_rates(sizes))
     log.info("  matmul: %s", ", ".join(f"{p} {r:.3g} FLOP/s" for p, r in peaks.items()))
@@ -419,10 +414,6 @@ def loop_profile(parts: Parts, sizes: LoopSizes) -> DeviceProfile:
                 for part in ("lowered", "init")}
     if "scratch" not in parts.data:  # compiled beside the mixers: only its memory analysis is read
         compiles["scratch", "step"] = functools.partial(scratch_step(sizes.widths[0]).compile, run_once_options())
-    probes = loop_probe_jobs("gpu" if device.platform != "cpu" else "cpu", *sizes.probe, tuple(DTYPES))
-    if "probe steps" not in parts.data:  # built (traced, compiled, initialised) beside them too
-        compiles.update({("probe", job.training.precision): functools.partial(build_training, job, make_plan(job))
-                         for job in probes})
     programs = compile_side_by_side(compiles)
     rates = []
     for precision in DTYPES:
@@ -440,25 +431,12 @@ def loop_profile(parts: Parts, sizes: LoopSizes) -> DeviceProfile:
     if link is not None:
         log.info("  link between local devices: %s", link)
     gpu = device.platform != "cpu"
-    probed = DeviceProfile(kind=device.device_kind, platform="gpu" if gpu else "cpu", memory=device_memory(device),
-                           rates=tuple(rates), bandwidth=memory, dispatch=dispatch,
-                           activation_share=GPU_ACTIVATION_SHARE if gpu else 1.0,
-                           link=link, update_scratch=parts.get("scratch", lambda: scratch_fraction(
-                               programs["scratch", "step"], sizes.widths[0])),
-                           roofline=False, versions=tuple(sorted(library_versions().items())), source="measured")
-    found = parts.get("probe steps", lambda: [probe_step_seconds(programs["probe", job.training.precision])
-                                              for job in probes])
-    profile, factors = step_calibrated(probed, probes, found)
-    for job, seconds in zip(probes, found):
-        log.info("  calibrated on a real step: %s compute x %.2f (%s, batch %d: %.3g s)", job.training.precision,
-                 factors[job.training.precision], job.model.summary(), job.global_batch, seconds)
-    return profile
-
-
-def probe_step_seconds(training: Any) -> float:
-    """A probe's median synchronised step, as a job times its steps (the first, untimed)."""
-    train_steps(training, 1)
-    return float(np.median(train_steps(training, PROBE_STEPS)[1]))
+    return DeviceProfile(kind=device.device_kind, platform="gpu" if gpu else "cpu", memory=device_memory(device),
+                         rates=tuple(rates), bandwidth=memory, dispatch=dispatch,
+                         activation_share=GPU_ACTIVATION_SHARE if gpu else 1.0,
+                         link=link, update_scratch=parts.get("scratch", lambda: scratch_fraction(
+                             programs["scratch", "step"], sizes.widths[0])),
+                         roofline=False, versions=tuple(sorted(library_versions().items())), source="measured")
 
 
 def median_time(fn: Callable[[], object], repeats: int, best: bool = True, min_seconds: float = 0.0) -> float:

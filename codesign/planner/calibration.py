@@ -9,24 +9,17 @@ the cost model), so they are tested without JAX; the timing stays in the engine.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
 
 import numpy as np
 from scipy.optimize import least_squares, nnls
 
 from codesign.planner.cost import Workload, estimate
-from codesign.planner.plan import Plan, make_plan
+from codesign.planner.plan import make_plan
 from codesign.planner.profiles import DeviceProfile, Rate
-from codesign.spec.types import (
-    MIXERS,
-    ClusterSpec,
-    Job,
-    ModelSpec,
-    ParallelSpec,
-    TrainingSpec,
-)
+from codesign.spec.types import MIXERS, ClusterSpec, Job, ModelSpec, ParallelSpec, TrainingSpec
 
-# Widths of the probe models' layers (F_in, O, D) and the probe steps' samples per device, on CPU.
+# Widths of the probe models' layers (F_in, O, D) and the probe steps' samples per device, on CPU
+# (a GPU profile times its mixers inside compiled loops, device time alone: nothing to calibrate).
 PROBE_WIDTHS = (32, 4, 16)
 PROBE_BATCHES = (8, 48)
 WIDE_PROBE = (48, 8, 8)
@@ -124,39 +117,3 @@ def fitted_factors(profile: DeviceProfile, jobs: list[Job], measured: list[float
     factors = dict.fromkeys(COMPONENTS, 1.0)
     factors.update(zip(used, np.exp(refined.x).tolist()))
     return factors
-
-
-def loop_probe_jobs(platform: str, widths: tuple[int, int, int], batch: int, precisions: Sequence[str]) -> list[Job]:
-    """A loop-timed (GPU) profile's probe steps, one per precision: a two-layer model of every
-    mixer kind at widths of its own (no mixer point was timed at them), on one device."""
-    f_in, out, emb = widths
-    model = ModelSpec(f_in, emb, out, 2, (tuple(MIXERS),) * 2)
-    return [Job(model, ClusterSpec(1, 1, "NVLink", platform), TrainingSpec(batch, 3, precision=precision),
-                ParallelSpec("probe", (1,), 1, pp_dp_op=(1, 1, 1)), 1, platform) for precision in precisions]
-
-
-def precision_scaled(profile: DeviceProfile, precision: str, flops: float) -> DeviceProfile:
-    """The profile with one precision's compute (FLOP time and measured points) times `flops`."""
-    rates = tuple((p, tuple((k, _scaled_rate(r, flops, 1.0)) for k, r in table) if p == precision else table)
-                  for p, table in profile.rates)
-    return dataclasses.replace(profile, rates=rates)
-
-
-def step_calibrated(profile: DeviceProfile, jobs: Sequence[Job],
-                    measured: Sequence[float]) -> tuple[DeviceProfile, dict[str, float]]:
-    """Each probe's precision's compute scaled so that the profile prices its step as measured,
-    and the factors by precision. Mixers timed one at a time in loops are not the step's kernels:
-    on an H100 in bf16 they priced the seed step's model compute at 10.8 ms where its trace
-    showed 8.2 ms (fp32 within 5%). A step's price is affine in the factor (points and rates
-    scale alike), so two prices give it."""
-    factors = {}
-    for job, seconds in zip(jobs, measured):
-        precision, plan = job.training.precision, make_plan(job)
-        base, doubled = (_step_price(profile, job, plan, factor) for factor in (1.0, 2.0))
-        factors[precision] = float(np.clip(1.0 + (seconds - base) / (doubled - base), *FACTOR_BOUNDS))
-        profile = precision_scaled(profile, precision, factors[precision])
-    return profile, factors
-
-
-def _step_price(profile: DeviceProfile, job: Job, plan: Plan, factor: float) -> float:
-    return estimate(Workload.of(job, precision_scaled(profile, job.training.precision, factor)), plan).seconds
