@@ -35,7 +35,7 @@ if [ -n "${GPU_CHECK_SMOKE:-}" ]; then
 else
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
   model=(--model seed --steps 20) b1=1024 b2=4096 platform=gpu batches="1024 4096" precisions="bf16 fp32"
-  t_bench=70 t_profile=100 t_cli=180 t_cost=20 t_large=100
+  t_bench=70 t_profile=150 t_cli=240 t_cost=20 t_large=100
 fi
 "$py" -c "import jax, jaxlib, flax, optax; print('jax', jax.__version__, 'jaxlib', jaxlib.__version__, 'flax', flax.__version__, 'optax', optax.__version__, jax.devices())"
 
