@@ -48,9 +48,10 @@ def manual_specs(devices: int, layers: int) -> list[tuple[int, int, int]]:
 
 
 def config_text(models: list[str], devices: list[int], micro: list[int], iters: int, batch: int,
-                trials: tuple[int, ...] = (1,)) -> str:
+                trials: tuple[int, ...] = (1,), min_seconds: float = 0.0) -> str:
     layers = max(int(MODELS[m].split("num_zhen_layers = ")[1].split()[0]) for m in models)
-    parts = [f"[training_spec]\navg_batch_size_per_device = {batch}\nnum_iters = {iters}\n"]
+    parts = [(f"[training_spec]\navg_batch_size_per_device = {batch}\nnum_iters = {iters}\n"
+              f"min_measured_seconds = {min_seconds}\n")]
     parts += [f"[[model]]\n{MODELS[m]}\n" for m in models]
     parts += [f'[[cluster_spec]]\nnum_hosts = 1\nnum_devices_per_host = {n}\ntransport = "NVLink"\nplatform = "cpu"\n'
               for n in devices]
@@ -112,6 +113,9 @@ def main() -> None:
     parser.add_argument("--iters", type=int, default=20,
                         help="Iterations per job (2 warm-up): a median of 4 steps differed by up to 1.7x between "
                              "two runs of the same plan.")
+    parser.add_argument("--min-seconds", type=float, default=2.0,
+                        help="Each job's timed steps go on until they add up to this (min_measured_seconds): 18 "
+                             "steps of 10-20 ms, timed in under a second, put identical plans 1.14-1.24x apart.")
     parser.add_argument("--trials", nargs="+", type=int, default=[1],
                         help="auto_trials of the Auto search spec; several: one spec each, reported apart.")
     parser.add_argument("--batch", type=int, default=8, help="Samples per device.")
@@ -121,7 +125,8 @@ def main() -> None:
     logging.basicConfig(level=logging.WARNING)
     with tempfile.TemporaryDirectory(prefix="bench-auto-") as tmp:
         path = Path(tmp) / "auto.toml"
-        path.write_text(config_text(args.models, args.devices, args.micro, args.iters, args.batch, tuple(args.trials)))
+        path.write_text(config_text(args.models, args.devices, args.micro, args.iters, args.batch, tuple(args.trials),
+                                   args.min_seconds))
         config = load_config(path)
         planned = list(enumerate_jobs(config, Hosts.local(0)))
         store = Store(args.db or Path(tmp) / "results.db")
