@@ -75,8 +75,9 @@ def gpu_job(behaviour: str, gpus: int) -> PlannedJob:
 
 
 def test_the_next_job_runs_in_a_process_started_beside_the_one_before(tmp_path, monkeypatch):
-    """A spare process imports Python and JAX while a job runs; the next job with the same
-    environment runs in it, one with other devices in a fresh process; none outlives the sweep."""
+    """A spare process imports Python and JAX while a job runs, made for the job queued next:
+    the next job runs in it, on other devices too (the sweep's first job on another cluster);
+    none outlives the sweep."""
     monkeypatch.setenv("FAULT_PIDS", str(tmp_path / "pids"))
     monkeypatch.setenv("PYTHONPATH", str(REPO))
     store = Store(tmp_path / "r.db")
@@ -90,7 +91,7 @@ def test_the_next_job_runs_in_a_process_started_beside_the_one_before(tmp_path, 
            (line.split() for line in (tmp_path / "pids").read_text().splitlines())}
     assert len({pid for pid, _, _ in ran.values()}) == 3
     assert ran["b"][1] < ran["a"][2]  # b's process was started while a ran
-    assert ran["c"][1] > ran["b"][2]  # two devices: another environment, a fresh process
+    assert ran["c"][1] < ran["b"][2]  # two devices, c's own environment: started while b ran
     left = [p for p in psutil.Process().children(recursive=True) if "codesign.run.warm" in " ".join(p.cmdline())]
     assert left == []
 
@@ -155,3 +156,17 @@ def test_gpu_and_cpu_jobs_do_not_mix_and_unknown_gpus_are_held_whole():
     assert not executor.can_start(gpu, [SimpleNamespace(job=gpu, gpus=())])  # GPUs not known by id
     assert not executor.can_start(cpu, running_cpu)  # one CPU job at a time unless told otherwise
     assert LocalExecutor(cpu_slots=2).can_start(cpu, running_cpu)
+
+
+def test_the_spare_is_made_for_the_gpus_the_next_job_will_get(tmp_path, monkeypatch):
+    """Started alone, a 1-GPU job leaves a spare for the 2-GPU job queued next: GPUs 0 and 1, the
+    first free ones once this job ends."""
+    monkeypatch.setenv("FAULT_PIDS", str(tmp_path / "spans"))
+    monkeypatch.setenv("PYTHONPATH", str(REPO))
+    executor = LocalExecutor(job_module="tests.fault_jobs", gpus=range(4))
+    first = executor.start(gpu_job("sleep a", 1).job, 60, then=gpu_job("sleep b", 2).job)
+    try:
+        assert first.gpus == (0,) and executor.spare.env["CUDA_VISIBLE_DEVICES"] == "0,1"
+        assert [o.status for _, o in executor.wait([first], 30)] == ["succeeded"]
+    finally:
+        executor.close()

@@ -149,7 +149,7 @@ class RayExecutor:
         return not any(run.pending for run in running)
 
     def start(self, job: Job, timeout: float, plans: Sequence[Plan] = (), log: Path | None = None,
-              running: Sequence[RayRun] = ()) -> RayRun:
+              running: Sequence[RayRun] = (), then: Job | None = None) -> RayRun:
         bundle = {"CPU": 1, **({"GPU": job.cluster.num_devices_per_host} if job.platform == "gpu" else {})}
         strategy = "STRICT_SPREAD" if job.cluster.num_hosts > 1 else "PACK"
         group = placement_group([bundle] * job.cluster.num_hosts, strategy=strategy)

@@ -88,7 +88,8 @@ class Executor(Protocol):
 
     def can_start(self, job: Job, running: Sequence[Any]) -> bool: ...  # True when none run
     def start(self, job: Job, timeout: float, plans: Sequence[Plan] = (), log: Path | None = None,
-              running: Sequence[Any] = ()) -> Any: ...  # plans: chosen; log: where its output goes
+              running: Sequence[Any] = (), then: Job | None = None) -> Any: ...
+    # plans: chosen; log: where its output goes; then: the job likely to start next (a hint)
     def wait(self, running: Sequence[Any], seconds: float) -> list[tuple[Any, Outcome]]: ...
     def cancel(self, handle: Any) -> None: ...
     def close(self) -> None: ...  # the sweep is over: release what the executor keeps between jobs
@@ -322,7 +323,7 @@ class Sweep:
             log_path.parent.mkdir(parents=True, exist_ok=True)
         plans = [c.plan for c in ready.candidates]
         handle = self.executor.start(item.job, job_timeout(item.job, self.manual_timeout), plans, log_path,
-                                     [a.handle for a in self.running])
+                                     [a.handle for a in self.running], self.queue[0].job if self.queue else None)
         self.running.append(Attempt(item, attempt_id, handle, ready.prediction, ready.candidates, log_path))
         for attempt in self.running:
             attempt.beside = max(attempt.beside, len(self.running) - 1)
