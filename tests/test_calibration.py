@@ -138,7 +138,7 @@ def test_a_cpu_profile_compiles_every_program_before_it_times_any(tmp_path, monk
             events.append(f"start child {devices}")
 
     class Local(Probes):
-        def __init__(self, jobs, repeats):
+        def __init__(self, jobs, repeats, pool=None):
             super().__init__(0)
             events.append("compile local steps")
 

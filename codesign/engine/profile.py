@@ -84,6 +84,9 @@ SPEEDUP_SECONDS = 0.5  # ... each device count's steps timed for this long in al
 MIXER_BATCHES = (8, 128)  # micro-batch sizes each mixer is timed at (the fit scales the line through them)
 PROBE_SECONDS = 0.9  # each probe step's timed steps in all (ten 3 ms steps moved 1.5x between runs)
 PROBE_ROUNDS = 3  # ... taken in rounds over all the probes of one process
+PREPARE_THREADS = 2  # this process's programs compiled two at a time (XLA compiles outside the GIL): it
+# compiles the most (the micro-benchmarks, the 8-device probes), and alone on one core it was the
+# profile's critical path (101 of 171 CPU-seconds, a 100 s profile) once its children were done
 
 
 # -- results so far ----------------------------------------------------------------------------
@@ -678,15 +681,20 @@ def scratch_step(widths: tuple[int, int, int]) -> Any:
 class LocalProbes:
     """Probe steps compiled in this process, timed a round at a time, as a job times its steps."""
 
-    def __init__(self, jobs: list[Job], repeats: int):
-        self.trainings = [build_training(job, make_plan(job)) for job in jobs]
-        for training in self.trainings:
-            train_steps(training, 1)  # the first run's allocations, not timed
+    def __init__(self, jobs: list[Job], repeats: int, pool: ThreadPoolExecutor | None = None):
+        self.trainings = list((pool.map if pool else map)(warmed_training, jobs))
         self.steps = max(1, 2 * repeats // PROBE_ROUNDS)
 
     def round(self) -> list[list[float]]:
         """Each step's wall times over PROBE_SECONDS / PROBE_ROUNDS."""
         return [train_steps(training, self.steps, PROBE_SECONDS / PROBE_ROUNDS)[1] for training in self.trainings]
+
+
+def warmed_training(job: Job) -> Any:
+    """The job's training step compiled and run once (the first run's allocations, not timed)."""
+    training = build_training(job, make_plan(job))
+    train_steps(training, 1)
+    return training
 
 
 class ChildProbes:
@@ -776,10 +784,14 @@ def cpu_profile(parts: Parts, repeats: int = 5) -> DeviceProfile:
     apart = sorted({j.cluster.num_devices for j in jobs} - {n}) if steps else []
     children = [ChildProbes(devices, repeats) for devices in apart]
     try:
-        benches = {name: prepared(bench) for name, bench in micro_benchmarks(repeats).items()
-                   if name not in parts.data}
-        parts.get("scratch", lambda: update_scratch(PROBE_WIDTHS))
-        local = LocalProbes([j for j in jobs if j.cluster.num_devices not in apart], repeats) if steps else None
+        with ThreadPoolExecutor(max_workers=PREPARE_THREADS) as pool:
+            pending = {name: pool.submit(prepared, bench) for name, bench in micro_benchmarks(repeats).items()
+                       if name not in parts.data}
+            scratch = pool.submit(update_scratch, PROBE_WIDTHS) if "scratch" not in parts.data else None
+            local = (LocalProbes([j for j in jobs if j.cluster.num_devices not in apart], repeats, pool)
+                     if steps else None)
+            benches = {name: future.result() for name, future in pending.items()}
+        parts.get("scratch", lambda: scratch.result())
         for child in children:
             child.ready()
         probed = probed_cpu(parts, benches)
