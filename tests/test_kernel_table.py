@@ -119,6 +119,12 @@ def test_bench_step_trace_and_cached_compile_on_cpu(tmp_path):
         assert len(shares) == len(kernel_table.KINDS) + 1 and abs(sum(shares.values()) - 100) < 0.5
         assert shares["matmul"] > 0 and int(re.search(r"launches per step (\d+)", table)[1]) > 0
     assert list((tmp_path / "trace" / "project_fp32_4").glob("plugins/profile/*/*.trace.json.gz"))
+    hlo = (tmp_path / "trace" / "project_fp32_4" / "optimized_hlo.txt").read_text()  # the kernels, by name
+    assert hlo.startswith("HloModule") and "fusion" in hlo
+    header, row = done.stdout.splitlines()[1:3]
+    assert header.split()[-2:] == ["loop", "ms"]
+    step_ms, loop_ms = float(row.split()[3]), float(row.split()[-1])
+    assert step_ms > 0 and loop_ms > 0  # the synchronised median and the back-to-back mean
     first, again, hits = map(float, re.search(r"# project fp32 batch 4: compile ([\d.]+) s, again in a fresh "
                                               r"process from the persistent cache ([\d.]+) s \((\d+) cache hits",
                                               done.stdout).groups())
