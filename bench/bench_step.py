@@ -6,8 +6,9 @@
     python bench/bench_step.py --model seed --batch 1024 --precision bf16 --trace DIR --recompile
 
 Rows per precision and batch (--rows, in this order): `project` (the step codesign runs),
-`project-serial` (its ATTENTION encoders one after another instead of one vmapped encoder per
-layer), `project-flat` and `project-leaves` (parameters and Adam's state as flat vectors,
+`project-bias-add` (the encoders' first FFN bias added after its matmul, as a Dense does, instead of
+inside it: network.BIAS_IN_MATMUL), `project-serial` (its ATTENTION encoders one after another
+instead of one vmapped encoder per layer), `project-flat` and `project-leaves` (parameters and Adam's state as flat vectors,
 engine.step.FlatView, or one array per leaf: the default is flat on a GPU, per leaf on CPU), `project-fold` (with fold_dot, the DOT mixer over the Gram's upper blocks) and `reference`
 (reference_step.py: jax.numpy from DESIGN.md, optax.adam, one jit), then project/reference.
 `step ms` is the median of synchronised steps (what a sweep records); `loop ms` the mean of steps
@@ -55,7 +56,7 @@ MODELS = {
 WARMUP = 2
 TRACE_STEPS = 5  # at most, after the timed ones: enough to see every kernel, few enough to read the trace
 STEP_NAME = "bench_step"  # the StepTraceAnnotation that marks a traced step
-ROWS = ("project", "project-serial", "project-flat", "project-leaves", "project-fold", "reference")
+ROWS = ("project", "project-bias-add", "project-serial", "project-flat", "project-leaves", "project-fold", "reference")
 
 
 def _job(model: ModelSpec, batch: int, precision: str, fold: bool) -> Job:
@@ -101,16 +102,16 @@ def project_training(model: ModelSpec, batch: int, precision: str, fold: bool) -
 
 
 def project_variant(row: str, model: ModelSpec, batch: int, precision: str) -> programs.Training:
-    """The project's training step as the row names it (network.BATCH_ENCODERS is read while
-    tracing, single_stage.FLAT_STATE while building)."""
+    """The project's training step as the row names it (network.BATCH_ENCODERS and BIAS_IN_MATMUL
+    are read while tracing, single_stage.FLAT_STATE while building)."""
     default = single_stage.FLAT_STATE
-    network.BATCH_ENCODERS = row != "project-serial"
+    network.BATCH_ENCODERS, network.BIAS_IN_MATMUL = row != "project-serial", row != "project-bias-add"
     if row in ("project-flat", "project-leaves"):
         single_stage.FLAT_STATE = dict.fromkeys(default, row == "project-flat")
     try:
         return project_training(model, batch, precision, row == "project-fold")
     finally:
-        network.BATCH_ENCODERS, single_stage.FLAT_STATE = True, default
+        network.BATCH_ENCODERS, network.BIAS_IN_MATMUL, single_stage.FLAT_STATE = True, True, default
 
 
 def bench_project(row: str, model: ModelSpec, batch: int, precision: str, steps: int) -> dict:

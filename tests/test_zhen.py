@@ -61,7 +61,9 @@ def test_seed_model_has_independent_mixer_parameters():
 
 
 @pytest.mark.parametrize("seed", range(12))
-def test_analytical_counts_equal_the_built_model(seed):
+def test_analytical_counts_equal_the_built_model(seed, monkeypatch):
+    """The model's FLOPs: the encoder FFN's bias rows (network.BIAS_IN_MATMUL) run but are not counted."""
+    monkeypatch.setattr(network, "BIAS_IN_MATMUL", False)
     spec = random_spec(random.Random(seed))
     assert counts.param_count(spec) == built_param_count(spec)
     assert counts.forward_flops_per_sample(spec) == matmul_flops(spec, fold_dot=False)
@@ -76,6 +78,30 @@ def test_every_mixer_and_heterogeneous_layers_run():
     assert {k.split("_", 2)[2] for k in params["layer_1"] if k.startswith("mixer")} == {"attention", "dot"}
     assert "skip" in params["layer_1"] and "skip" not in params["layer_2"]  # S: 12 -> F_in 6; then 6 -> 6
     assert set(params) == {"layer_0", "layer_1", "layer_2"}
+
+
+def test_the_ffn_bias_added_in_its_matmul_is_a_dense_with_the_same_parameters_and_function(monkeypatch):
+    """BiasInMatmulDense: [x, 1, 0..] @ [kernel; bias; 0..] (inner dimension padded to 8), the same
+    parameter tree, initial values, loss and gradients as the Dense it replaces."""
+    spec = ModelSpec(12, 8, 3, 2, (("ATTENTION", "LINEAR", "ATTENTION", "DOT"), ("ATTENTION", "LINEAR")))
+    x = jax.random.normal(jax.random.key(2), (4, 8, 12))
+
+    def run(in_matmul):
+        monkeypatch.setattr(network, "BIAS_IN_MATMUL", in_matmul)
+        params = nn.meta.unbox(network.init_params(spec, jax.random.key(1)))
+        moved = jax.tree.map(lambda p: p + 0.1 * jax.random.normal(jax.random.key(5), p.shape), params)
+        grad = jax.jit(jax.value_and_grad(lambda p: jnp.mean(network.forward(spec, p, x) ** 2)))
+        dots = grad.lower(moved).as_text()
+        return params, grad(moved), dots
+
+    params, (loss, grads), text = run(True)
+    plain, (plain_loss, plain_grads), plain_text = run(False)
+    assert jax.tree.structure(params) == jax.tree.structure(plain)
+    assert all(jnp.array_equal(a, b) for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(plain)))
+    assert abs(loss - plain_loss) <= 1e-6 * abs(plain_loss)
+    for a, b in zip(jax.tree.leaves(grads), jax.tree.leaves(plain_grads)):
+        assert jnp.max(jnp.abs(a - b)) <= 1e-5 * jnp.max(jnp.abs(b))
+    assert "x16xf32" in text and "x16xf32" not in plain_text  # D 8 + the ones column, padded to 16
 
 
 def test_repeated_mixers_have_their_own_weights():
