@@ -12,7 +12,8 @@
 #  5. the step bench at batch 1024, bf16 then fp32: the plain reference (project/reference);
 #  6. the step bench at batch 4096, bf16 then fp32: the reference (the project's step at 4096 is
 #     part 3's seed job; `--rows project-leaves` is the per-leaf step: 12.40 ms against the flat 10.95 on H100s).
-# GPU_CHECK_PARTS="1 2 3 4" runs those parts alone (default: all), for a device lease too short for all.
+# GPU_CHECK_PARTS="1 2 3 4" runs those parts alone (default: all), for a device lease too short for all;
+# GPU_CHECK_ROWS="project-bias-add reference" adds bench_step rows to part 1 (a before/after in one run).
 # Every part compiles through one persistent cache (JAX_COMPILATION_CACHE_DIR, empty at the start):
 # part 1's first compiles are cold; the profile and the CLI's jobs share it, as a sweep's do.
 # Runs with scripts/python.sh (the machine's own JAX where there is no .venv). What comes back:
@@ -47,8 +48,9 @@ bench_step() { timeout $t_bench "$py" bench/bench_step.py "${model[@]}" --cache 
 part() { [[ " ${GPU_CHECK_PARTS:-1 2 3 4 5 6} " == *" ${1%.} "* ]] && echo "## $*"; }
 
 if part 1. step bench, batch $b1; then
-bench_step --batch $b1 --precision bf16 --rows project --hlo --trace "$work/trace" --recompile
-bench_step --batch $b1 --precision fp32 --rows project --hlo
+rows=(project ${GPU_CHECK_ROWS:-})
+t_bench=$(( t_bench * ${#rows[@]} )) bench_step --batch $b1 --precision bf16 --rows "${rows[@]}" --hlo --trace "$work/trace" --recompile
+t_bench=$(( t_bench * ${#rows[@]} )) bench_step --batch $b1 --precision fp32 --rows "${rows[@]}" --hlo
 keep
 fi
 

@@ -8,7 +8,8 @@ read anywhere. Kernels are, in order of preference: the events on a device's CUD
 XLA:CPU runtime's thunks (host events carrying an `hlo_op`). Steps are the windows of
 `jax.profiler.StepTraceAnnotation(step_name)`. A step's wall time splits into kernels busy (covered
 by at least one kernel), idle between its first and last kernel (launch gaps between small kernels)
-and the time before its first and after its last kernel (dispatch and synchronisation).
+and the time before its first and after its last kernel (dispatch and synchronisation); the host's
+events in a step before its first kernel are listed by name (what that dispatch time is spent on).
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ class KernelTable:
     busy_us: float  # wall time covered by at least one kernel, over all steps
     span_us: float  # from each step's first kernel's start to its last kernel's end, summed
     wall_us: float  # the steps' wall time (or the kernels' span without step annotations)
+    host_before: dict[str, float]  # host event name -> us of it inside a step before its first kernel, summed
 
     @property
     def device_us(self) -> float:
@@ -122,16 +124,33 @@ def build_table(trace: dict, step_name: str) -> KernelTable:
     if not windows and kernels:
         windows = [(min(e["ts"] for e in kernels), max(e["ts"] + e["dur"] for e in kernels))]
     totals: dict[str, list] = defaultdict(lambda: [0.0, 0])
+    before: dict[str, float] = defaultdict(float)
     busy = span = 0.0
+    host = host_events(trace, step_name)
     for start, end in windows:
         inside = [(e["name"], e["ts"], min(e["ts"] + e["dur"], end)) for e in kernels if start <= e["ts"] < end]
+        first = min((ts for _, ts, _ in inside), default=end)
+        for e in host:
+            overlap = min(e["ts"] + e["dur"], first) - max(e["ts"], start)
+            if overlap > 0:
+                before[e["name"]] += overlap
         for name, ts, stop in inside:
             totals[name][0] += stop - ts
             totals[name][1] += 1
         busy += covered_us([(ts, stop) for _, ts, stop in inside])
         span += max((stop for *_, stop in inside), default=0.0) - min((ts for _, ts, _ in inside), default=0.0)
     return KernelTable(source, len(windows), {k: (us, n) for k, (us, n) in totals.items()}, busy, span,
-                       sum(end - start for start, end in windows))
+                       sum(end - start for start, end in windows), dict(before))
+
+
+def host_events(trace: dict, step_name: str) -> list[dict]:
+    """The host's complete events (the step annotations and XLA:CPU's thunks aside): what the
+    host does in a step before the device starts (the call, argument checks, launches), nested
+    events each counted."""
+    events = trace.get("traceEvents", [])
+    processes, _ = _names(events)
+    return [e for e in events if e.get("ph") == "X" and "dur" in e and e.get("name") != step_name
+            and not processes.get(e["pid"], "").startswith("/device:") and "hlo_op" not in e.get("args", {})]
 
 
 def format_table(table: KernelTable, title: str, top: int = 15) -> str:
@@ -146,6 +165,10 @@ def format_table(table: KernelTable, title: str, top: int = 15) -> str:
              f"{'kind':<16} {'ms/step':>9} {'share':>7} {'launches/step':>14}"]
     for kind, (us, calls) in table.by_kind().items():
         lines.append(f"{kind:<16} {us / steps / 1e3:>9.3f} {100 * us / device:>6.1f}% {calls / steps:>14.1f}")
+    if table.host_before:
+        lead = sorted(table.host_before.items(), key=lambda item: -item[1])[:6]
+        lines.append("host events before the first kernel, us per step (nested events each counted): "
+                     + "; ".join(f"{name[:60]} {us / steps:.0f}" for name, us in lead))
     lines.append(f"{'kernel':<60} {'ms/step':>9} {'share':>7} {'calls/step':>11} kind")
     ranked = sorted(table.kernels.items(), key=lambda item: -item[1][0])[:top]
     for name, (us, calls) in ranked:

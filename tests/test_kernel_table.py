@@ -59,6 +59,7 @@ def gpu_trace() -> dict:
     for step, t0 in enumerate((0.0, 100.0)):
         events += [_x(1, 10, STEP, t0, 100.0, step_num=str(step)),
                    _x(1, 10, "loop_add_fusion", t0 + 1, 2.0, hlo_op="loop_add_fusion"),  # host launch
+                   _x(1, 10, "PjitFunction(step)", t0 + 2, 60.0),  # the host's call: 8 us before the first kernel
                    _x(2, 13, "nvjet_sm90_tst_128x160", t0 + 10, 40.0, hlo_op="custom-call.1"),
                    _x(2, 14, "ncclDevKernel_AllReduce_Sum_f32", t0 + 30, 30.0),  # overlaps the matmul
                    _x(2, 13, "loop_add_fusion_1", t0 + 70, 10.0),
@@ -82,6 +83,8 @@ def test_gpu_trace_table_from_device_streams():
     assert "launches per step 4;" in text and "idle between kernels 0.015 ms" in text
     assert "before the first and after the last kernel 0.015 ms" in text
     assert re.search(r"^matmul\s+0\.040\s+44\.4%\s+1\.0$", text, re.MULTILINE)
+    assert table.host_before == {"PjitFunction(step)": 16.0}  # the annotation and thunks left out
+    assert "host events before the first kernel, us per step (nested events each counted): PjitFunction(step) 8" in text
 
 
 def test_cpu_trace_table_from_thunks_without_step_annotations():
