@@ -148,23 +148,6 @@ def test_each_mixers_backward_is_timed_against_a_random_cotangent(tiny):
     assert float(jnp.std(cotangent)) > 0.5 and len(jnp.unique(cotangent)) > cotangent.size // 2
 
 
-def test_an_encoder_pair_is_timed_as_the_engine_calls_it_at_the_later_layers_width():
-    import jax
-    import jax.numpy as jnp
-
-    from codesign.engine.profile import GPU_LOOPS, mixer_module, section_widths
-    from codesign.planner.profiles import ENCODER_PAIR
-    from codesign.zhen import counts
-
-    assert section_widths(ENCODER_PAIR, GPU_LOOPS) == ((80, 20, 160),) and section_widths("DOT", GPU_LOOPS) == GPU_LOOPS.widths
-    module, flops = mixer_module(ENCODER_PAIR, 8, 2, 4, jnp.float32)
-    assert flops == 2 * counts.mixer_work("ATTENTION", 8, 2, 4).flops
-    z = jnp.ones((3, 4, 8))
-    params = jax.eval_shape(module.init, jax.random.key(0), z)["params"]
-    assert sorted(params["ZhenBlock_0"]) == ["mixer_0_attention", "mixer_1_attention", "norm"]
-    assert jax.eval_shape(module.apply, {"params": params}, z).shape == (3, 4, 2 * 2)
-
-
 def test_past_the_largest_point_the_rate_is_that_widths_own_marginal_rate():
     from codesign.engine.profile import inner_count, points_rate
 
@@ -186,7 +169,7 @@ def test_sections_are_saved_as_they_come_and_a_rerun_measures_only_what_is_missi
     assert json.loads(path.read_text()) == {"matmul": {"fp32": 1e9, "bf16": 2e9}}
     points = {"forward": [list(p) for p in FORWARD], "backward": [list(p) for p in BACKWARD]}
     parts.data.update({"bandwidth": 1e10, "dispatch": 1e-4, "scratch": 0.5, "collectives": {},
-                       **{f"{p} {k}": points for p in ("fp32", "bf16") for k in engine.LOOP_KINDS}})
+                       **{f"{p} {k}": points for p in ("fp32", "bf16") for k in (*MIXERS, LAYER)}})
     del parts.data["bf16 LAYER"]
     path.write_text(json.dumps(parts.data))
 

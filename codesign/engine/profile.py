@@ -65,7 +65,6 @@ from codesign.planner.calibration import (
 from codesign.planner.cost import ADAM_TRAFFIC
 from codesign.planner.plan import make_plan
 from codesign.planner.profiles import (
-    ENCODER_PAIR,
     GPU_ACTIVATION_SHARE,
     LAYER,
     DeviceProfile,
@@ -238,14 +237,11 @@ def stream_bandwidth(sizes: LoopSizes) -> float:
 
 
 def mixer_module(kind: str, f_in: int, out: int, emb: int, dtype: Any) -> tuple[nn.Module, float]:
-    """The module timed for a kind, and its FLOPs per sample: a one-mixer ZHEN layer (for
-    ENCODER_PAIR a layer of two ATTENTION mixers), or for LAYER the layer's own (skip projection) work."""
+    """The module timed for a kind, and its FLOPs per sample: a one-mixer ZHEN layer, or for
+    LAYER the layer's own (skip projection) work."""
     if kind == LAYER:
         return nn.Dense(f_in, dtype=dtype), 2 * emb * f_in * f_in
-    if kind == ENCODER_PAIR:
-        return (OneMixerLayer(("ATTENTION", "ATTENTION"), f_in, out, emb, dtype),
-                2 * counts.mixer_work("ATTENTION", f_in, out, emb).flops)
-    return OneMixerLayer((kind,), f_in, out, emb, dtype), counts.mixer_work(kind, f_in, out, emb).flops
+    return OneMixerLayer(kind, f_in, out, emb, dtype), counts.mixer_work(kind, f_in, out, emb).flops
 
 
 @dataclass
@@ -263,16 +259,15 @@ class MixerSection:
     bodies: list[tuple[int, str]]  # each body's point (index into work) and what it runs: BODY_KINDS
 
 
-LOOP_KINDS = (*MIXERS, LAYER, ENCODER_PAIR)  # what the loop-timed path measures, per precision
 BODY_KINDS = ("forward", "both", "first")  # forward; forward and backward; forward and the first layer's backward
 
 
 def mixer_section(kind: str, precision: str, sizes: LoopSizes) -> MixerSection:
     dtype, bodies, makers, work, inners, roles = DTYPES[precision], [], [], [], [], []
-    for widths in section_widths(kind, sizes):
+    for index, widths in enumerate(sizes.widths):
         module, flops = mixer_module(kind, *widths, dtype)
         grads = {"both": jax.grad(backward_loss(module), argnums=(0, 1)), "first": jax.grad(backward_loss(module))}
-        runs = ("forward", "both", "first") if widths == sizes.widths[0] and kind in MIXERS else ("forward", "both")
+        runs = ("forward", "both", "first") if index == 0 and kind != LAYER else ("forward", "both")
         for batch in sizes.batches:
             def carry(run, m=module, g=grads, shape=(batch, widths[2], widths[0])):
                 z = jax.random.normal(jax.random.key(1), shape, dtype)
@@ -295,13 +290,6 @@ def mixer_section(kind: str, precision: str, sizes: LoopSizes) -> MixerSection:
     lowered = compiled(looped(bodies, inners)).lower(jax.eval_shape(init),
                                                      jax.ShapeDtypeStruct((len(makers),), jnp.int32))
     return MixerSection(lowered, init.lower(), work, inners, roles)
-
-
-def section_widths(kind: str, sizes: LoopSizes) -> tuple[tuple[int, int, int], ...]:
-    """The widths a kind is timed at: every one, but an encoder pair at the later layers' alone (the
-    pair's cost is its encoders', which the feature width hardly changes; each width a pair adds
-    is a long compile)."""
-    return sizes.widths[-1:] if kind == ENCODER_PAIR else sizes.widths
 
 
 def backward_loss(module: nn.Module) -> Callable[[Any, jax.Array, jax.Array], jax.Array]:
@@ -435,7 +423,7 @@ def loop_profile(parts: Parts, sizes: LoopSizes) -> DeviceProfile:
              stream_bytes(sizes.stream) / 2**30)
     dispatch = parts.get("dispatch", lambda: measured(dispatch_time(5, FLAT_STEP_ARRAYS)))
     log.info("  dispatch: %.1f us per call of a program of %d arrays", dispatch * 1e6, FLAT_STEP_ARRAYS)
-    names = {f"{precision} {kind}": (kind, precision) for precision in DTYPES for kind in LOOP_KINDS}
+    names = {f"{precision} {kind}": (kind, precision) for precision in DTYPES for kind in (*MIXERS, LAYER)}
     sections = {name: mixer_section(*key, sizes) for name, key in names.items() if name not in parts.data}
     compiles = {(name, part): getattr(section, part).compile for name, section in sections.items()
                 for part in ("lowered", "init")}
@@ -445,7 +433,7 @@ def loop_profile(parts: Parts, sizes: LoopSizes) -> DeviceProfile:
     rates = []
     for precision in DTYPES:
         table = []
-        for kind in LOOP_KINDS:
+        for kind in (*MIXERS, LAYER):
             name = f"{precision} {kind}"
             found = parts.get(name, lambda: mixer_points((programs[name, "lowered"], programs[name, "init"]),
                                                          sections[name], sizes))
@@ -544,10 +532,10 @@ def kind_rate(kind: str, times: list[tuple[float, float]], dispatch: float, peak
 
 
 class OneMixerLayer(nn.Module):
-    """ZHEN's first layer holding these mixers (one, or an encoder pair): what the profile times
-    for a kind (the model's own code path: a LINEAR or ATTENTION mixer's feature FC runs in the layer)."""
+    """ZHEN's first layer holding one mixer of a kind: what the profile times for that kind (the
+    model's own code path: a LINEAR or ATTENTION mixer's feature FC runs in the layer)."""
 
-    kinds: tuple[str, ...]
+    kind: str
     f_in: int
     out: int
     emb: int
@@ -555,7 +543,7 @@ class OneMixerLayer(nn.Module):
 
     @nn.compact
     def __call__(self, z: jax.Array) -> jax.Array:
-        spec = ModelSpec(self.f_in, self.emb, self.out, 1, (self.kinds,))
+        spec = ModelSpec(self.f_in, self.emb, self.out, 1, ((self.kind,),))
         return network.ZhenBlock(spec, 0, self.dtype)((z, None))[1]
 
 

@@ -18,7 +18,6 @@ from typing import Iterable, Sequence
 from codesign.errors import PlanError
 from codesign.planner.plan import Plan, StagePlan, make_plan
 from codesign.planner.profiles import (
-    ENCODER_PAIR,
     LAYER,
     DeviceProfile,
     Link,
@@ -278,28 +277,18 @@ def backward_time(rate: Rate, work: counts.Work, flops: float, share: float) -> 
     it skips, the H100's full backward of the seed's first DOT (its Gram's gradient a 2.7e11-FLOP
     matmul writing B x F_in^2) priced the weights' gradient alone at its slower rate."""
     if work.skipped_backward and rate.first_points:
-        return call_time(2 * flops, marginal_rate(rate.first_points, rate.backward), 2 * rate.overhead, share,
-                         rate.first_points)
+        return call_time(2 * flops, rate.backward, 2 * rate.overhead, share, rate.first_points)
     skipped = flops * work.skipped_backward / work.flops if work.flops else 0.0
     return call_time(2 * flops - skipped, rate.backward, 2 * rate.overhead, share, rate.backward_points)
-
-
-def marginal_rate(points: Points, fallback: float) -> float:
-    """FLOP/s between the two largest points (one width at two micro-batch sizes), what a call
-    past the largest adds at; `fallback` where they do not rise."""
-    (w0, s0), (w1, s1) = points[-2:] if len(points) > 1 else ((0.0, 0.0), (0.0, 0.0))
-    return (w1 - w0) / (s1 - s0) if s1 > s0 and w1 > w0 else fallback
 
 
 def engine_calls(mixers: Sequence[tuple[str, counts.Work]]) -> list[tuple[str, counts.Work]]:
     """A layer's mixers as the engine calls them: its ATTENTION mixers' encoders as one encoder
     vmapped over their stacked weights (network.ZhenBlock._encoded), one call of their summed
-    work with one set of fixed costs, priced as a pair where there are several (ENCODER_PAIR:
-    on an H100 the seed's pair took less than twice one encoder's time); the others one call each."""
+    work with one set of fixed costs; the others one call each."""
     attention = [work for kind, work in mixers if kind == "ATTENTION"]
     calls = [(kind, work) for kind, work in mixers if kind != "ATTENTION"]
-    kind = ENCODER_PAIR if len(attention) > 1 else "ATTENTION"
-    return calls + ([(kind, sum(attention[1:], attention[0]))] if attention else [])
+    return calls + ([("ATTENTION", sum(attention[1:], attention[0]))] if attention else [])
 
 
 def lockstep(p: DeviceProfile, op: int) -> float:
