@@ -47,26 +47,6 @@ def test_a_profile_with_points_round_trips_and_prices_by_interpolation():
     assert with_points != pytest.approx(lines)
 
 
-def test_a_first_layer_calls_backward_is_priced_by_its_own_points_where_measured():
-    """The step differentiates the parameters alone, so the first layer never runs its input's
-    gradient: measured that way (first_points), a call's backward is read off them whole;
-    without them, the full backward's points price what is left after the skipped FLOPs."""
-    from codesign.planner.cost import backward_time
-    from codesign.zhen.counts import mixer_work
-
-    first = tuple((w, s / 4) for w, s in BACKWARD)
-    rate = Rate(1e12, 8e11, 5e-5, FORWARD, BACKWARD, first)
-    first_dot, later_dot = mixer_work("DOT", 64, 4, 16, first=True), mixer_work("DOT", 64, 4, 16)
-    assert first_dot.skipped_backward > 0 and later_dot.skipped_backward == 0
-    flops = 3e7
-    assert backward_time(rate, first_dot, flops, 1.0) == pytest.approx(interpolated(first, 2 * flops, 8e11))
-    assert backward_time(rate, later_dot, flops, 1.0) == pytest.approx(interpolated(BACKWARD, 2 * flops, 8e11))
-    skipped = flops * first_dot.skipped_backward / first_dot.flops
-    assert backward_time(dataclasses.replace(rate, first_points=()), first_dot, flops, 1.0) == pytest.approx(
-        interpolated(BACKWARD, 2 * flops - skipped, 8e11))
-    assert Rate.from_dict(json.loads(json.dumps(rate.to_dict()))) == rate
-
-
 def test_profiles_stored_without_points_load_and_price_as_before():
     for profile in BUILTIN.values():
         data = profile.to_dict()
@@ -127,10 +107,7 @@ def test_mixer_points_are_forward_and_backward_seconds_by_flops(tiny):
         assert points[0][0] < points[1][0] and 0 < points[0][1] <= points[1][1]
     rate = points_rate(forward, backward, 1e13, tiny.batches[0] / tiny.batches[-1])
     assert rate.forward > 0 and rate.backward > 0 and rate.overhead > 0
-    assert sections["DOT"].inners == [64, 64, 64] * 2  # tiny bodies: the most iterations a trip
-    first = dict(dot["first"])  # the first layer's backward (the parameters' gradients alone), keyed as the backward
-    assert list(first) == [w for w, _ in dot["backward"]] and "first" in found
-    assert all(0 < first[w] for w, _ in dot["backward"])
+    assert sections["DOT"].inners == [64, 64] * 2  # tiny bodies: the most iterations a trip
 
 
 def test_each_mixers_backward_is_timed_against_a_random_cotangent(tiny):

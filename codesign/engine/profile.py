@@ -27,7 +27,6 @@ factors). Micro-benchmarks keep their fastest time, whole steps their median.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import json
 import logging
@@ -247,49 +246,40 @@ def mixer_module(kind: str, f_in: int, out: int, emb: int, dtype: Any) -> tuple[
 @dataclass
 class MixerSection:
     """One kind and precision of mixer: a program timing it forward and forward-and-backward at
-    each width and micro-batch size, and at the first width (the first layer's) also with the
-    parameters' gradients alone, as a step runs its first layer; lowered on abstract carries
-    (compiled before any is made)."""
+    each width and micro-batch size, lowered on abstract carries (compiled before any is made)."""
 
     lowered: Any  # jax.stages.Lowered: (carries, trips) -> carries
     init: Any  # jax.stages.Lowered: () -> the carries (one program: made eagerly, op by op, they took
     # longer to compile than the loop)
     work: list[float]  # FLOPs of each point's forward call
-    inners: list[int]  # iterations per trip of each body
-    bodies: list[tuple[int, str]]  # each body's point (index into work) and what it runs: BODY_KINDS
-
-
-BODY_KINDS = ("forward", "both", "first")  # forward; forward and backward; forward and the first layer's backward
+    inners: list[int]  # iterations per trip of each body (forward, forward-and-backward, per point)
 
 
 def mixer_section(kind: str, precision: str, sizes: LoopSizes) -> MixerSection:
-    dtype, bodies, makers, work, inners, roles = DTYPES[precision], [], [], [], [], []
-    for index, widths in enumerate(sizes.widths):
+    dtype, bodies, makers, work, inners = DTYPES[precision], [], [], [], []
+    for widths in sizes.widths:
         module, flops = mixer_module(kind, *widths, dtype)
-        grads = {"both": jax.grad(backward_loss(module), argnums=(0, 1)), "first": jax.grad(backward_loss(module))}
-        runs = ("forward", "both", "first") if index == 0 and kind != LAYER else ("forward", "both")
+        loss = jax.grad(backward_loss(module), argnums=(0, 1))
         for batch in sizes.batches:
-            def carry(run, m=module, g=grads, shape=(batch, widths[2], widths[0])):
+            def carry(backward, m=module, g=loss, shape=(batch, widths[2], widths[0])):
                 z = jax.random.normal(jax.random.key(1), shape, dtype)
                 params = m.init(jax.random.key(0), z)
                 out = jax.eval_shape(m.apply, params, z)
-                if run == "forward":
+                if not backward:
                     return params, z, jnp.zeros(out.shape, out.dtype)
                 cotangent = jax.random.normal(jax.random.key(2), out.shape, jnp.float32)
-                found = jax.eval_shape(g[run], params, z, cotangent)
-                return params, z, cotangent, jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), found)
+                grads = jax.eval_shape(g, params, z, cotangent)
+                return params, z, cotangent, jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), grads)
 
-            for run in runs:
-                bodies.append((lambda c, m=module: (c[0], c[1], m.apply(c[0], c[1]))) if run == "forward" else
-                              (lambda c, g=grads[run]: (c[0], c[1], c[2], g(c[0], c[1], c[2]))))
-                makers.append(functools.partial(carry, run))
-                inners.append(inner_count((1 if run == "forward" else 3) * batch * flops))
-                roles.append((len(work), run))
+            bodies += [lambda c, m=module: (c[0], c[1], m.apply(c[0], c[1])),
+                       lambda c, g=loss: (c[0], c[1], c[2], g(c[0], c[1], c[2]))]
+            makers += [functools.partial(carry, False), functools.partial(carry, True)]
             work.append(batch * flops)
+            inners += [inner_count(batch * flops), inner_count(3 * batch * flops)]
     init = jax.jit(lambda: tuple(make() for make in makers), compiler_options=run_once_options())
     lowered = compiled(looped(bodies, inners)).lower(jax.eval_shape(init),
                                                      jax.ShapeDtypeStruct((len(makers),), jnp.int32))
-    return MixerSection(lowered, init.lower(), work, inners, roles)
+    return MixerSection(lowered, init.lower(), work, inners)
 
 
 def backward_loss(module: nn.Module) -> Callable[[Any, jax.Array, jax.Array], jax.Array]:
@@ -323,18 +313,16 @@ def compile_side_by_side(compiles: dict[Any, Callable[[], Any]]) -> dict[Any, An
 
 def mixer_points(programs: tuple[Callable, Callable], section: MixerSection, sizes: LoopSizes) -> dict[str, Points]:
     """(FLOPs of one call, seconds) forward and backward (the call's backward FLOPs: twice the
-    forward's, as the cost model counts them) at each width and micro-batch size, and "first":
-    the first layer's backward, keyed as the backward; programs: the section's loop and init, compiled."""
+    forward's, as the cost model counts them) at each width and micro-batch size; programs: the
+    section's loop and init, compiled."""
     loop, init = programs
-    times = dict(zip(section.bodies, loop_times(loop, own(init()), sizes.seconds, section.inners)))
-    found = {}
-    for run, name in (("both", "backward"), ("first", "first")):
-        points = [(2 * section.work[i], max(t - times[i, "forward"], 0.05 * times[i, "forward"]))
-                  for (i, kind), t in times.items() if kind == run]
-        if points:
-            found[name] = monotone(sorted(points))
-    return {"forward": monotone(sorted((section.work[i], t) for (i, kind), t in times.items() if kind == "forward")),
-            **found}
+    work = section.work
+    times = loop_times(loop, own(init()), sizes.seconds, section.inners)
+    forward, both = np.array(times[0::2]), np.array(times[1::2])
+    backward = np.maximum(both - forward, 0.05 * forward)
+    order = np.argsort(work)
+    return {"forward": monotone([(work[i], forward[i]) for i in order]),
+            "backward": monotone([(2 * work[i], backward[i]) for i in order])}
 
 
 def monotone(points: list[tuple[float, float]]) -> Points:
@@ -439,7 +427,6 @@ def loop_profile(parts: Parts, sizes: LoopSizes) -> DeviceProfile:
                                                          sections[name], sizes))
             rate = points_rate(*(tuple(map(tuple, found[k])) for k in ("forward", "backward")), peaks[precision],
                                sizes.batches[0] / sizes.batches[-1])
-            rate = dataclasses.replace(rate, first_points=tuple(map(tuple, found.get("first", ()))))
             table.append((kind, rate))
             log.info("  %s %s: %s", precision, kind, rate)
         rates.append((precision, tuple(table)))

@@ -85,7 +85,7 @@ def _scaled_rate(rate: Rate, flops: float, fixed: float) -> Rate:
         return tuple((work, seconds * flops) for work, seconds in found)
 
     return Rate(rate.forward / flops, rate.backward / flops, rate.overhead * fixed,
-                points(rate.forward_points), points(rate.backward_points), points(rate.first_points))
+                points(rate.forward_points), points(rate.backward_points))
 
 
 def fitted_factors(profile: DeviceProfile, jobs: list[Job], measured: list[float],

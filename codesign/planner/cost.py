@@ -23,7 +23,6 @@ from codesign.planner.profiles import (
     Link,
     Points,
     ProfileBook,
-    Rate,
     cluster_links,
     interpolated,
 )
@@ -33,7 +32,7 @@ from codesign.spec.types import ClusterSpec, Job, ModelSpec
 from codesign.zhen import counts
 
 # Recorded on every attempt beside its prediction: bump it with every change to what the model predicts.
-COST_MODEL_VERSION = "2026.11.27.7"
+COST_MODEL_VERSION = "2026.11.27.5"
 PARAM_BYTES = 4  # master weights, gradients and Adam's moments stay fp32 under bf16
 ADAM_TRAFFIC = 8  # param-sized arrays read or written by one update: p, g, m, v in; p, m, v, zeroed g out
 ACCUMULATE_TRAFFIC = 3  # gradient-sized arrays per accumulated micro-batch: its gradients and the sum in, the sum out
@@ -255,7 +254,9 @@ def stage_compute(w: Workload, layers: Sequence[int], mesh: Submesh, remat: bool
             fwd += (call_time(flops, rate.forward, rate.overhead, share, rate.forward_points) + traffic
                     + FOLD_FORWARD * fold)
             fixed += rate.overhead / share
-            bwd += backward_time(rate, work, flops, share) + 3 * traffic + FOLD_BACKWARD * fold
+            skipped = flops * work.skipped_backward / work.flops if work.flops else 0.0
+            bwd += (call_time(2 * flops - skipped, rate.backward, 2 * rate.overhead, share, rate.backward_points)
+                    + 3 * traffic + FOLD_BACKWARD * fold)
         own, rate = w.own[i], p.rate(w.precision, LAYER)
         traffic = samples * own.activations * w.activation_bytes / (p.bandwidth * share)
         fwd += call_time(samples * own.flops, rate.forward, rate.overhead, share, rate.forward_points) + traffic
@@ -269,17 +270,6 @@ def stage_compute(w: Workload, layers: Sequence[int], mesh: Submesh, remat: bool
     if remat:  # the backward recomputes the forward; on CPU inside its own program: no fixed costs again
         bwd += fwd - (fixed if p.platform == "cpu" else 0.0)
     return fwd, bwd, comm
-
-
-def backward_time(rate: Rate, work: counts.Work, flops: float, share: float) -> float:
-    """One call's backward, `flops` its forward's. A first-layer call (it skips its input's
-    gradient) by its own measured points where the profile has them: scaled down by the FLOPs
-    it skips, the H100's full backward of the seed's first DOT (its Gram's gradient a 2.7e11-FLOP
-    matmul writing B x F_in^2) priced the weights' gradient alone at its slower rate."""
-    if work.skipped_backward and rate.first_points:
-        return call_time(2 * flops, rate.backward, 2 * rate.overhead, share, rate.first_points)
-    skipped = flops * work.skipped_backward / work.flops if work.flops else 0.0
-    return call_time(2 * flops - skipped, rate.backward, 2 * rate.overhead, share, rate.backward_points)
 
 
 def engine_calls(mixers: Sequence[tuple[str, counts.Work]]) -> list[tuple[str, counts.Work]]:

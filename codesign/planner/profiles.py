@@ -51,9 +51,6 @@ class Rate:
     overhead: float
     forward_points: Points = ()
     backward_points: Points = ()
-    first_points: Points = ()  # backward of a first-layer call, keyed as backward_points: the parameters'
-    # gradients alone, as a step runs its first layer (its input is the data); where measured, they price
-    # that backward instead of backward_points scaled down by the FLOPs it skips
 
     def __str__(self) -> str:  # for the profile's progress lines
         measured = f", {len(self.forward_points)} measured points" if self.forward_points else ""
@@ -66,8 +63,6 @@ class Rate:
         if self.forward_points:
             data.update(forward_points=[list(p) for p in self.forward_points],
                         backward_points=[list(p) for p in self.backward_points])
-        if self.first_points:
-            data.update(first_points=[list(p) for p in self.first_points])
         return data
 
     @classmethod
@@ -76,7 +71,7 @@ class Rate:
             return tuple((float(work), float(seconds)) for work, seconds in data.get(key, ()))
 
         return cls(float(data["forward"]), float(data["backward"]), float(data["overhead"]),
-                   points("forward_points"), points("backward_points"), points("first_points"))
+                   points("forward_points"), points("backward_points"))
 
 
 def interpolated(points: Points, flops: float, rate: float) -> float:
