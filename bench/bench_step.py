@@ -7,7 +7,7 @@
 
 Rows per precision and batch (--rows, in this order): `project` (the step codesign runs),
 `project-bias-add` (the encoders' first FFN bias added after its matmul, as a Dense does, instead of
-inside it: network.BIAS_IN_MATMUL), `project-serial` (its ATTENTION encoders one after another
+inside it: network.BIAS_IN_MATMUL; on CPU the two rows are one program), `project-serial` (its ATTENTION encoders one after another
 instead of one vmapped encoder per layer), `project-flat` and `project-leaves` (parameters and Adam's state as flat vectors,
 engine.step.FlatView, or one array per leaf: the default is flat on a GPU, per leaf on CPU), `project-fold` (with fold_dot, the DOT mixer over the Gram's upper blocks) and `reference`
 (reference_step.py: jax.numpy from DESIGN.md, optax.adam, one jit), then project/reference.
