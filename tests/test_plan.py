@@ -187,3 +187,35 @@ def test_reprice_recomputes_recorded_predictions_with_the_profiles_at_hand(tmp_p
     conn = sqlite3.connect(tmp_path / "r.db")
     assert conn.execute("SELECT device_kind FROM profiles WHERE profile_id = ?", (row["profile_id"],)).fetchone() == (
         "H100",)
+
+
+def test_reprice_prices_an_attempt_by_the_measured_profile_of_the_device_it_ran_on(tmp_path):
+    """A GPU DB re-priced on a machine without GPUs: each attempt by the DB's copy of the profile
+    measured on the device kind it ran on, where the DB has one; else as before (the built-in)."""
+    import dataclasses
+
+    from codesign.planner.cost import predict
+    from codesign.planner.profiles import BUILTIN, ProfileBook, profile_id
+
+    h100 = BUILTIN["H100"]
+    slower = tuple((p, tuple((k, dataclasses.replace(r, forward=r.forward / 3, backward=r.backward / 3)) for k, r in t))
+                   for p, t in h100.rates)
+    measured = dataclasses.replace(h100, kind="NVIDIA H100 80GB HBM3", rates=slower, source="measured")
+    job = Job(ModelSpec(64, 16, 4, 2, (("ATTENTION", "DOT"),) * 2), ClusterSpec(1, 1, "NVLink", "gpu"),
+              TrainingSpec(256, 2), ParallelSpec("one", (1,), 1, False, (1, 1, 1)), 1, "gpu")
+    store = Store(tmp_path / "r.db")
+    store.keep_profile(profile_id(measured), measured.to_dict())
+    for key, kind in (("ran", measured.kind), ("elsewhere", "NVIDIA A10G")):
+        attempt = store.claim(key, job, retry_failed=False)
+        store.finish(attempt, Outcome("succeeded", metrics={"median": 0.01, "device_kind": kind, "predicted_time": 1.0}))
+    store.close()
+    assert run_cli("reprice", "-d", "r.db", cwd=tmp_path).returncode == 0
+    ran, elsewhere = db_rows(tmp_path / "r.db")
+    book = ProfileBook()
+    book.add(measured)
+    book.local["gpu"] = measured.kind
+    assert ran["profile_id"] == profile_id(measured)
+    assert ran["predicted_time"] == pytest.approx(predict(job, book)["predicted_time"])
+    assert elsewhere["profile_id"] == profile_id(h100)
+    assert elsewhere["predicted_time"] == pytest.approx(predict(job, ProfileBook())["predicted_time"])
+    assert ran["predicted_time"] > 1.05 * elsewhere["predicted_time"]  # a third of the FLOP rates

@@ -40,6 +40,7 @@ def prediction(row: dict[str, Any], book: ProfileBook,
     if not configs:
         return {}, None
     job = Job.from_dict(configs)
+    book = as_of_device(book, job, row["device_kind"])
     profile = book.for_job(job)
     if configs.get("chosen_plan"):
         found = recorded(estimate(Workload.of(job, profile, links), Plan.from_dict(configs["chosen_plan"])), profile)
@@ -48,6 +49,15 @@ def prediction(row: dict[str, Any], book: ProfileBook,
     if not found:
         return {}, None
     return with_provenance(found, profile, links), profile
+
+
+def as_of_device(book: ProfileBook, job: Job, kind: str | None) -> ProfileBook:
+    """The book pricing a job as of the device kind its attempt ran on, where the book holds a
+    measured profile of that kind (the DB keeps a copy of each): a GPU DB re-priced on a laptop
+    is priced by its GPUs' profile, not the laptop's idea of a GPU (the built-in H100)."""
+    if job.cluster.is_simulated or not kind or kind not in book.profiles:
+        return book
+    return dataclasses.replace(book, local={**book.local, job.platform: kind})
 
 
 def reprice(store: Store, rows: Iterable[dict[str, Any]], book: ProfileBook, links: Iterable[LinkSpec] = ()) -> int:
