@@ -105,6 +105,11 @@ def test_the_ffn_bias_added_in_its_matmul_is_a_dense_with_the_same_parameters_an
                        ((6, (2, 5, 8)), (7, (8, 32)), (8, (32,))))
     assert jnp.allclose(network.bias_in_matmul(z, kernel, bias), z @ kernel + bias, rtol=1e-5, atol=1e-5)
     assert "x16xf32" in jax.jit(network.bias_in_matmul).lower(z, kernel, bias).as_text()  # 8 + the ones, padded
+    dense = network.BiasInMatmulDense(32, ("embed", "mlp"))
+    variables = dense.init(jax.random.key(0), z)
+    lowered = {platform: jax.export.export(jax.jit(dense.apply), platforms=[platform])(variables, z).mlir_module()
+               for platform in ("cuda", "cpu")}  # lowered for a GPU without one
+    assert "x16xf32" in lowered["cuda"] and "x16xf32" not in lowered["cpu"]
 
 
 def test_repeated_mixers_have_their_own_weights():
