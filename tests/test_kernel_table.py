@@ -87,6 +87,16 @@ def test_gpu_trace_table_from_device_streams():
     assert "host events before the first kernel, us per step (nested events each counted): PjitFunction(step) 8" in text
 
 
+def test_the_split_is_the_median_steps_one_a_step_waiting_on_the_tracer_aside():
+    table = kernel_table.build_table(gpu_trace(), STEP)
+    assert table.step_splits == [(100.0, 70.0, 85.0)] * 2 and table.median_step() == (100.0, 70.0, 85.0)
+    slow = kernel_table.KernelTable("device streams", 3, {}, 0.0, 0.0, 0.0, {},
+                                    [(11100.0, 9900.0, 10100.0), (16400.0, 9900.0, 11700.0), (11400.0, 9900.0, 10100.0)])
+    assert slow.median_step() == (11400.0, 9900.0, 10100.0)
+    text = kernel_table.format_table(slow, "one slow step")
+    assert "the median step: wall 11.400 ms = kernels busy 9.900 ms + idle between kernels 0.200 ms" in text
+
+
 def test_cpu_trace_table_from_thunks_without_step_annotations():
     events = [_meta(1, "/host:CPU"), _meta(1, "tf_XLAEigen/1", 3),
               _x(1, 3, "dot.1", 0.0, 6.0, hlo_op="dot.1"), _x(1, 3, "end: dot.1", 6.0, 0.1),
