@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The one prepared GPU check (device tool), about 8 minutes (parts 1-4: 5.5), each part under its own timeout,
+# The one prepared GPU check (device tool), about 7 minutes (parts 1-4: 5.5), each part under its own timeout,
 # the most important first so that a cut-short run still shows them:
 #  1. the step bench on the seed model, batch 1024: project bf16 with its kernel table (a
 #     jax.profiler trace) and its second compile from the persistent cache, then project fp32;
@@ -12,10 +12,10 @@
 #  5. the step bench at batch 1024, bf16 then fp32: the plain reference (project/reference);
 #  6. the step bench at batch 4096, bf16 then fp32: the reference (the project's step at 4096 is
 #     part 3's seed job; `--rows project-leaves` is the per-leaf step: 12.40 ms against the flat 10.95 on H100s);
-#  7. the bf16 step's compile in two fresh processes with empty JAX caches sharing one XLA autotune cache
+#  7. (only when named: GPU_CHECK_PARTS="7") the bf16 step's compile in two fresh processes with empty JAX caches sharing one XLA autotune cache
 #     (--xla_gpu_per_fusion_autotune_cache_dir): the second's time is what a sweep's later jobs of
 #     the same shapes would pay (on an H100 a second row in one process compiled in 8.5 s against 16.6).
-# GPU_CHECK_PARTS="1 2 3 4" runs those parts alone (default: all), for a device lease too short for all;
+# GPU_CHECK_PARTS="1 2 3 4" runs those parts alone (default: 1-6), for a device lease too short for all;
 # GPU_CHECK_ROWS="project-bias-add reference" adds bench_step rows to part 1 (a before/after in one run).
 # Every part compiles through one persistent cache (JAX_COMPILATION_CACHE_DIR, empty at the start):
 # part 1's first compiles are cold; the profile and the CLI's jobs share it, as a sweep's do.
@@ -48,7 +48,7 @@ keep() {  # the files made so far, back in one archive (the JAX caches stay behi
 }
 bench_step() { timeout $t_bench "$py" bench/bench_step.py "${model[@]}" --cache "$JAX_COMPILATION_CACHE_DIR" "$@"; }
 
-part() { [[ " ${GPU_CHECK_PARTS:-1 2 3 4 5 6 7} " == *" ${1%.} "* ]] && echo "## $*"; }
+part() { [[ " ${GPU_CHECK_PARTS:-1 2 3 4 5 6} " == *" ${1%.} "* ]] && echo "## $*"; }
 
 if part 1. step bench, batch $b1; then
 rows=(project ${GPU_CHECK_ROWS:-})
