@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The one prepared GPU check (device tool), about 7 minutes (parts 1-4: 5.5), each part under its own timeout,
+# The one prepared GPU check (device tool), at most 6 minutes (parts 1-4: about 5), each part under its own timeout,
 # the most important first so that a cut-short run still shows them:
 #  1. the step bench on the seed model, batch 1024: project bf16 with its kernel table (a
 #     jax.profiler trace) and its second compile from the persistent cache, then project fp32;
@@ -15,6 +15,8 @@
 #  7. (only when named: GPU_CHECK_PARTS="7") the bf16 step's compile in two fresh processes with empty JAX caches sharing one XLA autotune cache
 #     (--xla_gpu_per_fusion_autotune_cache_dir): the second's time is what a sweep's later jobs of
 #     the same shapes would pay (on an H100 a second row in one process compiled in 8.5 s against 16.6).
+# The whole check ends within GPU_CHECK_SECONDS (360 s) of its start: each part's timeout is cut to the time
+# left, and a part with less than 15 s left is skipped.
 # GPU_CHECK_PARTS="1 2 3 4" runs those parts alone (default: 1-6), for a device lease too short for all;
 # GPU_CHECK_ROWS="project-bias-add reference" adds bench_step rows to part 1 (a before/after in one run).
 # Every part compiles through one persistent cache (JAX_COMPILATION_CACHE_DIR, empty at the start):
@@ -35,20 +37,26 @@ exec > >(tee "$out/gpu_check.log") 2>&1
 if [ -n "${GPU_CHECK_SMOKE:-}" ]; then
   model=(--model small --steps 1) b1=8 b2=16 platform=cpu batches="8" precisions="fp32"
   export CODESIGN_PROFILE_LOOPS=small  # the profile's GPU path (loop-timed sections), at small sizes
-  t_bench=300 t_profile=300 t_cli=900 t_cost=120 t_large=600
+  t_bench=300 t_profile=300 t_cli=900 t_cost=120 t_large=600 seconds=${GPU_CHECK_SECONDS:-3600}
 else
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
   model=(--model seed --steps 20) b1=1024 b2=4096 platform=gpu batches="1024 4096" precisions="bf16 fp32"
-  t_bench=70 t_profile=150 t_cli=240 t_cost=20 t_large=100
+  t_bench=70 t_profile=150 t_cli=240 t_cost=20 t_large=100 seconds=${GPU_CHECK_SECONDS:-360}
 fi
+end=$(( $(date +%s) + seconds ))
+within() { local left=$(( end - $(date +%s) )); echo $(( $1 < left ? $1 : (left > 1 ? left : 1) )); }  # a timeout, cut to the time left
 "$py" -c "import jax, jaxlib, flax, optax; print('jax', jax.__version__, 'jaxlib', jaxlib.__version__, 'flax', flax.__version__, 'optax', optax.__version__, jax.devices())"
 
 keep() {  # the files made so far, back in one archive (the JAX caches stay behind)
   tar czf "$out/gpu_check.tgz.part" -C "$work" --exclude=jax --exclude=jax_cache --exclude="jax_*" --exclude=autotune --exclude="*.xplane.pb" . && mv "$out/gpu_check.tgz.part" "$out/gpu_check.tgz"
 }
-bench_step() { timeout $t_bench "$py" bench/bench_step.py "${model[@]}" --cache "$JAX_COMPILATION_CACHE_DIR" "$@"; }
+bench_step() { timeout $(within $t_bench) "$py" bench/bench_step.py "${model[@]}" --cache "$JAX_COMPILATION_CACHE_DIR" "$@"; }
 
-part() { [[ " ${GPU_CHECK_PARTS:-1 2 3 4 5 6} " == *" ${1%.} "* ]] && echo "## $*"; }
+part() {  # a part named in GPU_CHECK_PARTS, with 15 s or more of the check's time left
+  [[ " ${GPU_CHECK_PARTS:-1 2 3 4 5 6} " == *" ${1%.} "* ]] || return 1
+  if (( end - $(date +%s) < 15 )); then echo "## $* skipped: the check's $seconds s are spent"; return 1; fi
+  echo "## $*"
+}
 
 if part 1. step bench, batch $b1; then
 rows=(project ${GPU_CHECK_ROWS:-})
@@ -59,14 +67,14 @@ fi
 
 if part 2. codesign profile; then
 start=$(date +%s%N)
-timeout $t_profile "$py" -m codesign profile --platform $platform > "$work/profile.json" 2> "$work/profile.txt"
+timeout $(within $t_profile) "$py" -m codesign profile --platform $platform > "$work/profile.json" 2> "$work/profile.txt"
 echo "codesign profile: exit $?, $(( ($(date +%s%N) - start) / 1000000 )) ms"
 grep -E "matmul|bandwidth|memory|dispatch|compiled|measured in|bf16|fp32|all-reduce|all-gather|reduce-scatter|profiled|failed|timed out|Error" "$work/profile.txt" | cut -c1-400
 keep
 fi
 
 if part 3. bench/gpu_cost.toml through the CLI: precisions $precisions, batches $batches; then
-deadline=$(( $(date +%s) + t_cli ))
+deadline=$(( $(date +%s) + $(within $t_cli) ))
 for precision in $precisions; do
   for batch in $batches; do
     config="$work/gpu_cost_${precision}_${batch}.toml"
@@ -88,7 +96,7 @@ keep
 fi
 
 if part 4. cost model error; then
-timeout $t_cost "$py" bench/bench_cost_model.py -d "$work/gpu.db" -v
+timeout $(within $t_cost) "$py" bench/bench_cost_model.py -d "$work/gpu.db" -v
 keep
 fi
 
@@ -104,7 +112,7 @@ fi
 
 if part 7. compile through a shared autotune cache; then
 for run in first second; do  # each a fresh process and an empty JAX cache, one XLA autotune cache between them
-  XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_per_fusion_autotune_cache_dir=$work/autotune" timeout $t_bench "$py" bench/bench_step.py \
+  XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_per_fusion_autotune_cache_dir=$work/autotune" timeout $(within $t_bench) "$py" bench/bench_step.py \
     --compile-only project "${model[@]:0:2}" --batch $b1 --precision bf16 --cache "$work/jax_$run" | tail -n 1 | sed "s/^/$run: /"
 done
 keep
