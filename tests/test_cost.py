@@ -20,10 +20,13 @@ from codesign.planner.cost import (
 from codesign.planner.plan import Plan, StagePlan, make_plan
 from codesign.planner.profiles import (
     BUILTIN,
+    ENCODER_PAIR,
     DeviceProfile,
     Link,
     ProfileBook,
+    Rate,
     cluster_links,
+    interpolated,
 )
 from codesign.planner.space import candidate_specs, plan_space, same_plan
 from codesign.spec.config import LinkSpec
@@ -428,8 +431,10 @@ def test_op_collectives_keep_devices_in_lockstep_on_shared_cores(per_host, ranke
 
 def test_a_layers_attention_encoders_are_priced_as_the_one_vmapped_call_the_engine_makes():
     a, d = counts.mixer_work("ATTENTION", 64, 4, 16), counts.mixer_work("DOT", 64, 4, 16)
-    assert engine_calls((("ATTENTION", a), ("DOT", d), ("ATTENTION", a))) == [("DOT", d), ("ATTENTION", a + a)]
+    assert engine_calls((("ATTENTION", a), ("DOT", d), ("ATTENTION", a))) == [("DOT", d), (ENCODER_PAIR, a + a)]
+    assert engine_calls((("ATTENTION", a), ("DOT", d))) == [("DOT", d), ("ATTENTION", a)]
     assert engine_calls((("DOT", d),)) == [("DOT", d)]
+    assert BUILTIN["H100"].rate("fp32", ENCODER_PAIR) == BUILTIN["H100"].rate("fp32", "ATTENTION")  # not measured
 
     def forward(tokens):
         job = Job(ModelSpec(64, 16, 4, 1, (tokens,)), ClusterSpec(1, 1, "NVLink"), TrainingSpec(256, 3),
@@ -441,3 +446,26 @@ def test_a_layers_attention_encoders_are_priced_as_the_one_vmapped_call_the_engi
     second = forward(("ATTENTION", "ATTENTION")) - forward(("ATTENTION",))
     flops = 256 * a.flops / rate.forward
     assert flops <= second < flops + rate.overhead / 2  # the second encoder's FLOPs, not a second fixed cost
+
+
+def test_an_encoder_pair_is_priced_by_its_own_points_where_the_profile_measured_them():
+    """A GPU profile times two vmapped encoders in one call (ENCODER_PAIR); a layer with two
+    ATTENTION mixers is priced by those points, one with a single mixer by ATTENTION's."""
+    single = ((1e9, 1e-4), (8e9, 4e-4))
+    pair = tuple((2 * w, 1.5 * s) for w, s in single)  # two encoders in 1.5x one's time
+
+    def seconds(tokens, with_pair):
+        job = Job(ModelSpec(64, 16, 4, 1, (tokens,)), ClusterSpec(1, 1, "NVLink"), TrainingSpec(256, 3),
+                  ParallelSpec("one", (1,), pp_dp_op=(1, 1, 1)), 1, "gpu")
+        rates = tuple((p, tuple((k, dataclasses.replace(r, forward_points=single, backward_points=single))
+                                for k, r in table) + ((ENCODER_PAIR, Rate(1e13, 1e13, 1e-5, pair, pair)),) * with_pair)
+                      for p, table in BUILTIN["H100"].rates)
+        profile = dataclasses.replace(BUILTIN["H100"], rates=rates, roofline=False, source="measured")
+        return stage_compute(Workload.of(job, profile), [0], Submesh((0,), 1, 1, "dp"), False, 1)[0]
+
+    flops = 256 * counts.mixer_work("ATTENTION", 64, 4, 16).flops
+    both = ("ATTENTION", "ATTENTION")
+    assert seconds(both, True) - seconds(both, False) == pytest.approx(
+        interpolated(pair, 2 * flops, 1e13) - interpolated(single, 2 * flops, 1e13))
+    assert seconds(both, True) < seconds(both, False)
+    assert seconds(("ATTENTION",), True) == seconds(("ATTENTION",), False)

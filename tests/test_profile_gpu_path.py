@@ -10,7 +10,7 @@ import pytest
 
 from codesign.planner.cost import Workload, all_gather, all_reduce, call_time, estimate
 from codesign.planner.plan import make_plan
-from codesign.planner.profiles import BUILTIN, LAYER, DeviceProfile, Link, Rate, interpolated
+from codesign.planner.profiles import BUILTIN, ENCODER_PAIR, LAYER, DeviceProfile, Link, Rate, interpolated
 from codesign.spec.types import MIXERS, ClusterSpec, Job, ModelSpec, ParallelSpec, TrainingSpec
 from tests.conftest import run_on_devices
 
@@ -125,6 +125,32 @@ def test_each_mixers_backward_is_timed_against_a_random_cotangent(tiny):
     assert float(jnp.std(cotangent)) > 0.5 and len(jnp.unique(cotangent)) > cotangent.size // 2
 
 
+def test_with_pair_the_later_widths_time_two_vmapped_encoders_as_the_engine_calls_them(tiny):
+    """CODESIGN_PROFILE_PAIR=1: ATTENTION's later widths are timed as a layer of two ATTENTION
+    mixers (their encoders one vmapped call), in place of one encoder: no more programs."""
+    import dataclasses
+
+    import jax
+    import jax.numpy as jnp
+
+    from codesign.engine.profile import mixer_module, mixer_section
+    from codesign.planner.profiles import ENCODER_PAIR
+    from codesign.zhen import counts
+
+    module, flops = mixer_module(ENCODER_PAIR, 8, 2, 4, jnp.float32)
+    assert flops == 2 * counts.mixer_work("ATTENTION", 8, 2, 4).flops
+    z = jnp.ones((3, 4, 8))
+    params = jax.eval_shape(module.init, jax.random.key(0), z)["params"]
+    assert sorted(params["ZhenBlock_0"]) == ["mixer_0_attention", "mixer_1_attention", "norm"]
+    two = dataclasses.replace(tiny, widths=((8, 2, 4), (6, 2, 4)), pair=True)
+    section = mixer_section("ATTENTION", "fp32", two)
+    assert section.kinds == ["ATTENTION", "ATTENTION", ENCODER_PAIR, ENCODER_PAIR] and len(section.inners) == 8
+    single = counts.mixer_work("ATTENTION", 6, 2, 4).flops
+    assert section.work[2:] == [2 * single * b for b in two.batches]
+    assert mixer_section("DOT", "fp32", two).kinds == ["DOT"] * 4
+    assert mixer_section("ATTENTION", "fp32", dataclasses.replace(two, pair=False)).kinds == ["ATTENTION"] * 4
+
+
 def test_past_the_largest_point_the_rate_is_that_widths_own_marginal_rate():
     from codesign.engine.profile import inner_count, points_rate
 
@@ -168,6 +194,13 @@ def test_sections_are_saved_as_they_come_and_a_rerun_measures_only_what_is_missi
     assert measured == [(LAYER, "bf16")]
     assert "bf16 LAYER" in json.loads(path.read_text())
     assert profile.bandwidth == 1e10 and profile.rate("bf16", LAYER).forward_points == FORWARD
+    assert profile.rate("bf16", ENCODER_PAIR) == profile.rate("bf16", "ATTENTION")  # no pair timed: ATTENTION's
+    halved = {k: [[w, s / 2] for w, s in v] for k, v in points.items()}
+    parts = engine.Parts(path)
+    parts.data["fp32 ATTENTION"] = {**points, "pair": halved}
+    paired = engine.loop_profile(parts, tiny)
+    assert paired.rate("fp32", ENCODER_PAIR).forward_points == tuple((w, s / 2) for w, s in FORWARD)
+    assert paired.rate("fp32", "ATTENTION").forward_points == FORWARD
 
 
 def test_collectives_are_timed_in_one_loop_over_every_local_device():

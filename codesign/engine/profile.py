@@ -35,7 +35,7 @@ import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Generator, Sequence, TypeVar
 
@@ -64,6 +64,7 @@ from codesign.planner.calibration import (
 from codesign.planner.cost import ADAM_TRAFFIC
 from codesign.planner.plan import make_plan
 from codesign.planner.profiles import (
+    ENCODER_PAIR,
     GPU_ACTIVATION_SHARE,
     LAYER,
     DeviceProfile,
@@ -79,6 +80,7 @@ from codesign.zhen import counts, network
 log = logging.getLogger("codesign.profile")
 T = TypeVar("T")
 LOOPS_ENV = "CODESIGN_PROFILE_LOOPS"  # "small": the GPU's loop-timed path on CPU, at small sizes (tests)
+PAIR_ENV = "CODESIGN_PROFILE_PAIR"  # "1": the loop-timed path times ATTENTION's later widths as an encoder pair
 SPEEDUP_SAMPLES = 16  # per device, in the shared-core speed-up probe (small steps: what a CPU sweep runs)
 SPEEDUP_SECONDS = 0.5  # ... each device count's steps timed for this long in all
 MIXER_BATCHES = (8, 128)  # micro-batch sizes each mixer is timed at (the fit scales the line through them)
@@ -136,6 +138,8 @@ class LoopSizes:
     batches: tuple[int, ...]  # ... each at these micro-batch sizes
     collectives: tuple[int, ...]  # bytes per collective (nccl-tests' size)
     seconds: float  # device time each long loop aims at
+    pair: bool = False  # ATTENTION past the first width: two encoders vmapped in one call (ENCODER_PAIR),
+    # as the engine runs a layer's pair, in place of one encoder (PAIR_ENV; no more programs to compile)
 
 
 # The seed model's layer widths (F_in 512, then 80), each at two micro-batch sizes: the points
@@ -236,11 +240,14 @@ def stream_bandwidth(sizes: LoopSizes) -> float:
 
 
 def mixer_module(kind: str, f_in: int, out: int, emb: int, dtype: Any) -> tuple[nn.Module, float]:
-    """The module timed for a kind, and its FLOPs per sample: a one-mixer ZHEN layer, or for
-    LAYER the layer's own (skip projection) work."""
+    """The module timed for a kind, and its FLOPs per sample: a one-mixer ZHEN layer (for
+    ENCODER_PAIR a layer of two ATTENTION mixers), or for LAYER the layer's own (skip projection) work."""
     if kind == LAYER:
         return nn.Dense(f_in, dtype=dtype), 2 * emb * f_in * f_in
-    return OneMixerLayer(kind, f_in, out, emb, dtype), counts.mixer_work(kind, f_in, out, emb).flops
+    if kind == ENCODER_PAIR:
+        return (OneMixerLayer(("ATTENTION", "ATTENTION"), f_in, out, emb, dtype),
+                2 * counts.mixer_work("ATTENTION", f_in, out, emb).flops)
+    return OneMixerLayer((kind,), f_in, out, emb, dtype), counts.mixer_work(kind, f_in, out, emb).flops
 
 
 @dataclass
@@ -253,12 +260,18 @@ class MixerSection:
     # longer to compile than the loop)
     work: list[float]  # FLOPs of each point's forward call
     inners: list[int]  # iterations per trip of each body (forward, forward-and-backward, per point)
+    kinds: list[str]  # the rate each point is a point of: the section's kind, or ENCODER_PAIR
+
+
+def timed_kind(kind: str, index: int, sizes: LoopSizes) -> str:
+    """What a section times at its index-th width: the kind, but with sizes.pair ATTENTION's later widths as a pair."""
+    return ENCODER_PAIR if sizes.pair and kind == "ATTENTION" and index > 0 else kind
 
 
 def mixer_section(kind: str, precision: str, sizes: LoopSizes) -> MixerSection:
-    dtype, bodies, makers, work, inners = DTYPES[precision], [], [], [], []
-    for widths in sizes.widths:
-        module, flops = mixer_module(kind, *widths, dtype)
+    dtype, bodies, makers, work, inners, kinds = DTYPES[precision], [], [], [], [], []
+    for index, widths in enumerate(sizes.widths):
+        module, flops = mixer_module(timed_kind(kind, index, sizes), *widths, dtype)
         loss = jax.grad(backward_loss(module), argnums=(0, 1))
         for batch in sizes.batches:
             def carry(backward, m=module, g=loss, shape=(batch, widths[2], widths[0])):
@@ -275,11 +288,12 @@ def mixer_section(kind: str, precision: str, sizes: LoopSizes) -> MixerSection:
                        lambda c, g=loss: (c[0], c[1], c[2], g(c[0], c[1], c[2]))]
             makers += [functools.partial(carry, False), functools.partial(carry, True)]
             work.append(batch * flops)
+            kinds.append(timed_kind(kind, index, sizes))
             inners += [inner_count(batch * flops), inner_count(3 * batch * flops)]
     init = jax.jit(lambda: tuple(make() for make in makers), compiler_options=run_once_options())
     lowered = compiled(looped(bodies, inners)).lower(jax.eval_shape(init),
                                                      jax.ShapeDtypeStruct((len(makers),), jnp.int32))
-    return MixerSection(lowered, init.lower(), work, inners)
+    return MixerSection(lowered, init.lower(), work, inners, kinds)
 
 
 def backward_loss(module: nn.Module) -> Callable[[Any, jax.Array, jax.Array], jax.Array]:
@@ -311,18 +325,24 @@ def compile_side_by_side(compiles: dict[Any, Callable[[], Any]]) -> dict[Any, An
     return done
 
 
-def mixer_points(programs: tuple[Callable, Callable], section: MixerSection, sizes: LoopSizes) -> dict[str, Points]:
+def mixer_points(programs: tuple[Callable, Callable], section: MixerSection, sizes: LoopSizes) -> dict[str, Any]:
     """(FLOPs of one call, seconds) forward and backward (the call's backward FLOPs: twice the
-    forward's, as the cost model counts them) at each width and micro-batch size; programs: the
-    section's loop and init, compiled."""
+    forward's, as the cost model counts them) at each width and micro-batch size, an encoder
+    pair's (sizes.pair) under "pair"; programs: the section's loop and init, compiled."""
     loop, init = programs
-    work = section.work
     times = loop_times(loop, own(init()), sizes.seconds, section.inners)
     forward, both = np.array(times[0::2]), np.array(times[1::2])
     backward = np.maximum(both - forward, 0.05 * forward)
-    order = np.argsort(work)
-    return {"forward": monotone([(work[i], forward[i]) for i in order]),
-            "backward": monotone([(2 * work[i], backward[i]) for i in order])}
+
+    def points(kind: str) -> dict[str, Points]:
+        order = sorted((w, i) for i, (w, k) in enumerate(zip(section.work, section.kinds)) if k == kind)
+        return {"forward": monotone([(w, forward[i]) for w, i in order]),
+                "backward": monotone([(2 * w, backward[i]) for w, i in order])}
+
+    found: dict[str, Any] = points(section.kinds[0])
+    if ENCODER_PAIR in section.kinds:
+        found["pair"] = points(ENCODER_PAIR)
+    return found
 
 
 def monotone(points: list[tuple[float, float]]) -> Points:
@@ -425,10 +445,11 @@ def loop_profile(parts: Parts, sizes: LoopSizes) -> DeviceProfile:
             name = f"{precision} {kind}"
             found = parts.get(name, lambda: mixer_points((programs[name, "lowered"], programs[name, "init"]),
                                                          sections[name], sizes))
-            rate = points_rate(*(tuple(map(tuple, found[k])) for k in ("forward", "backward")), peaks[precision],
-                               sizes.batches[0] / sizes.batches[-1])
-            table.append((kind, rate))
-            log.info("  %s %s: %s", precision, kind, rate)
+            for rated, points in ((kind, found), (ENCODER_PAIR, found.get("pair"))):
+                if points:
+                    table.append((rated, points_rate(*(tuple(map(tuple, points[k])) for k in ("forward", "backward")),
+                                                     peaks[precision], sizes.batches[0] / sizes.batches[-1])))
+                    log.info("  %s %s: %s", precision, rated, table[-1][1])
         rates.append((precision, tuple(table)))
     link = fitted_link(parts.get("collectives", lambda: collective_times(sizes)), n) if n > 1 else None
     if link is not None:
@@ -519,10 +540,10 @@ def kind_rate(kind: str, times: list[tuple[float, float]], dispatch: float, peak
 
 
 class OneMixerLayer(nn.Module):
-    """ZHEN's first layer holding one mixer of a kind: what the profile times for that kind (the
-    model's own code path: a LINEAR or ATTENTION mixer's feature FC runs in the layer)."""
+    """ZHEN's first layer holding these mixers (one, or an encoder pair): what the profile times
+    for a kind (the model's own code path: a LINEAR or ATTENTION mixer's feature FC runs in the layer)."""
 
-    kind: str
+    kinds: tuple[str, ...]
     f_in: int
     out: int
     emb: int
@@ -530,7 +551,7 @@ class OneMixerLayer(nn.Module):
 
     @nn.compact
     def __call__(self, z: jax.Array) -> jax.Array:
-        spec = ModelSpec(self.f_in, self.emb, self.out, 1, ((self.kind,),))
+        spec = ModelSpec(self.f_in, self.emb, self.out, 1, (self.kinds,))
         return network.ZhenBlock(spec, 0, self.dtype)((z, None))[1]
 
 
@@ -843,9 +864,10 @@ def measure(out: Path) -> DeviceProfile:
     device = jax.devices()[0]
     log.info("profiling %d %s device(s) (%s)", len(jax.devices()), device.platform, device.device_kind)
     parts = Parts(out.with_name(out.name + ".parts"))
+    pair = os.environ.get(PAIR_ENV) == "1"
     if device.platform != "cpu":
-        return loop_profile(parts, GPU_LOOPS)
-    return loop_profile(parts, SMALL_LOOPS) if os.environ.get(LOOPS_ENV) == "small" else cpu_profile(parts)
+        return loop_profile(parts, replace(GPU_LOOPS, pair=pair))
+    return loop_profile(parts, replace(SMALL_LOOPS, pair=pair)) if os.environ.get(LOOPS_ENV) == "small" else cpu_profile(parts)
 
 
 def main(argv: list[str]) -> int:

@@ -18,6 +18,7 @@ from typing import Iterable, Sequence
 from codesign.errors import PlanError
 from codesign.planner.plan import Plan, StagePlan, make_plan
 from codesign.planner.profiles import (
+    ENCODER_PAIR,
     LAYER,
     DeviceProfile,
     Link,
@@ -32,7 +33,7 @@ from codesign.spec.types import ClusterSpec, Job, ModelSpec
 from codesign.zhen import counts
 
 # Recorded on every attempt beside its prediction: bump it with every change to what the model predicts.
-COST_MODEL_VERSION = "2026.11.27.5"
+COST_MODEL_VERSION = "2026.11.27.8"
 PARAM_BYTES = 4  # master weights, gradients and Adam's moments stay fp32 under bf16
 ADAM_TRAFFIC = 8  # param-sized arrays read or written by one update: p, g, m, v in; p, m, v, zeroed g out
 ACCUMULATE_TRAFFIC = 3  # gradient-sized arrays per accumulated micro-batch: its gradients and the sum in, the sum out
@@ -275,10 +276,12 @@ def stage_compute(w: Workload, layers: Sequence[int], mesh: Submesh, remat: bool
 def engine_calls(mixers: Sequence[tuple[str, counts.Work]]) -> list[tuple[str, counts.Work]]:
     """A layer's mixers as the engine calls them: its ATTENTION mixers' encoders as one encoder
     vmapped over their stacked weights (network.ZhenBlock._encoded), one call of their summed
-    work with one set of fixed costs; the others one call each."""
+    work with one set of fixed costs, priced as a pair (ENCODER_PAIR) where there are several;
+    the others one call each."""
     attention = [work for kind, work in mixers if kind == "ATTENTION"]
     calls = [(kind, work) for kind, work in mixers if kind != "ATTENTION"]
-    return calls + ([("ATTENTION", sum(attention[1:], attention[0]))] if attention else [])
+    kind = ENCODER_PAIR if len(attention) > 1 else "ATTENTION"
+    return calls + ([(kind, sum(attention[1:], attention[0]))] if attention else [])
 
 
 def lockstep(p: DeviceProfile, op: int) -> float:

@@ -26,6 +26,9 @@ from codesign.spec.types import MIXERS, ClusterSpec, Job
 log = logging.getLogger(__name__)
 
 LAYER = "LAYER"  # the layer's own work: skip projection, token concat, LayerNorm
+ENCODER_PAIR = "ATTENTION x2"  # two ATTENTION mixers of a layer, their encoders vmapped in one call (a GPU
+# profile measures it with CODESIGN_PROFILE_PAIR=1; where a profile lacks it, the call is priced as one
+# ATTENTION call of their summed work)
 
 
 @dataclass(frozen=True)
@@ -116,7 +119,8 @@ class DeviceProfile:
 
     def rate(self, precision: str, kind: str) -> Rate:
         table = dict(self.rates)
-        return dict(table.get(precision) or table["fp32"])[kind]
+        rates = dict(table.get(precision) or table["fp32"])
+        return rates[kind] if kind in rates or kind != ENCODER_PAIR else rates["ATTENTION"]
 
     def share(self, busy: int) -> float:
         """Each of `busy` devices' speed relative to one device running alone."""
