@@ -33,7 +33,7 @@ from codesign.spec.types import ClusterSpec, Job, ModelSpec
 from codesign.zhen import counts
 
 # Recorded on every attempt beside its prediction: bump it with every change to what the model predicts.
-COST_MODEL_VERSION = "2026.11.27.8"
+COST_MODEL_VERSION = "2026.11.27.5"
 PARAM_BYTES = 4  # master weights, gradients and Adam's moments stay fp32 under bf16
 ADAM_TRAFFIC = 8  # param-sized arrays read or written by one update: p, g, m, v in; p, m, v, zeroed g out
 ACCUMULATE_TRAFFIC = 3  # gradient-sized arrays per accumulated micro-batch: its gradients and the sum in, the sum out
