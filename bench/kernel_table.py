@@ -47,13 +47,26 @@ def classify(name: str) -> str:
 @dataclass
 class KernelTable:
     source: str  # where the kernels were found: one of DEVICE_LINES' values or HOST
-    steps: int
     kernels: dict[str, tuple[float, int]]  # name -> (total us, calls) over all steps
-    busy_us: float  # wall time covered by at least one kernel, over all steps
-    span_us: float  # from each step's first kernel's start to its last kernel's end, summed
-    wall_us: float  # the steps' wall time (or the kernels' span without step annotations)
     host_before: dict[str, float]  # host event name -> us of it inside a step before its first kernel, summed
-    step_splits: list[tuple[float, float, float]]  # per step: (wall, kernels busy, first kernel to last) us
+    step_splits: list[tuple[float, float, float]]  # per step: (wall, kernels busy, first kernel to last) us:
+    # the wall time (or the kernels' span without step annotations), the time covered by at least one kernel
+
+    @property
+    def steps(self) -> int:
+        return len(self.step_splits)
+
+    @property
+    def wall_us(self) -> float:
+        return sum(wall for wall, _, _ in self.step_splits)
+
+    @property
+    def busy_us(self) -> float:
+        return sum(busy for _, busy, _ in self.step_splits)
+
+    @property
+    def span_us(self) -> float:
+        return sum(span for _, _, span in self.step_splits)
 
     def median_step(self) -> tuple[float, float, float]:
         """The split of the step of median wall time: a traced step now and then waits on the
@@ -132,7 +145,6 @@ def build_table(trace: dict, step_name: str) -> KernelTable:
         windows = [(min(e["ts"] for e in kernels), max(e["ts"] + e["dur"] for e in kernels))]
     totals: dict[str, list] = defaultdict(lambda: [0.0, 0])
     before: dict[str, float] = defaultdict(float)
-    busy = span = 0.0
     splits = []
     host = host_events(trace, step_name)
     for start, end in windows:
@@ -145,12 +157,9 @@ def build_table(trace: dict, step_name: str) -> KernelTable:
         for name, ts, stop in inside:
             totals[name][0] += stop - ts
             totals[name][1] += 1
-        step_busy = covered_us([(ts, stop) for _, ts, stop in inside])
-        step_span = max((stop for *_, stop in inside), default=0.0) - min((ts for _, ts, _ in inside), default=0.0)
-        splits.append((end - start, step_busy, step_span))
-        busy, span = busy + step_busy, span + step_span
-    return KernelTable(source, len(windows), {k: (us, n) for k, (us, n) in totals.items()}, busy, span,
-                       sum(end - start for start, end in windows), dict(before), splits)
+        span = max((stop for *_, stop in inside), default=0.0) - min((ts for _, ts, _ in inside), default=0.0)
+        splits.append((end - start, covered_us([(ts, stop) for _, ts, stop in inside]), span))
+    return KernelTable(source, {k: (us, n) for k, (us, n) in totals.items()}, dict(before), splits)
 
 
 def host_events(trace: dict, step_name: str) -> list[dict]:

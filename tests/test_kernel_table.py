@@ -90,7 +90,7 @@ def test_gpu_trace_table_from_device_streams():
 def test_the_split_is_the_median_steps_one_a_step_waiting_on_the_tracer_aside():
     table = kernel_table.build_table(gpu_trace(), STEP)
     assert table.step_splits == [(100.0, 70.0, 85.0)] * 2 and table.median_step() == (100.0, 70.0, 85.0)
-    slow = kernel_table.KernelTable("device streams", 3, {}, 0.0, 0.0, 0.0, {},
+    slow = kernel_table.KernelTable("device streams", {}, {},
                                     [(11100.0, 9900.0, 10100.0), (16400.0, 9900.0, 11700.0), (11400.0, 9900.0, 10100.0)])
     assert slow.median_step() == (11400.0, 9900.0, 10100.0)
     text = kernel_table.format_table(slow, "one slow step")

@@ -271,7 +271,8 @@ def timed_kind(kind: str, index: int, sizes: LoopSizes) -> str:
 def mixer_section(kind: str, precision: str, sizes: LoopSizes) -> MixerSection:
     dtype, bodies, makers, work, inners, kinds = DTYPES[precision], [], [], [], [], []
     for index, widths in enumerate(sizes.widths):
-        module, flops = mixer_module(timed_kind(kind, index, sizes), *widths, dtype)
+        timed = timed_kind(kind, index, sizes)
+        module, flops = mixer_module(timed, *widths, dtype)
         loss = jax.grad(backward_loss(module), argnums=(0, 1))
         for batch in sizes.batches:
             def carry(backward, m=module, g=loss, shape=(batch, widths[2], widths[0])):
@@ -288,7 +289,7 @@ def mixer_section(kind: str, precision: str, sizes: LoopSizes) -> MixerSection:
                        lambda c, g=loss: (c[0], c[1], c[2], g(c[0], c[1], c[2]))]
             makers += [functools.partial(carry, False), functools.partial(carry, True)]
             work.append(batch * flops)
-            kinds.append(timed_kind(kind, index, sizes))
+            kinds.append(timed)
             inners += [inner_count(batch * flops), inner_count(3 * batch * flops)]
     init = jax.jit(lambda: tuple(make() for make in makers), compiler_options=run_once_options())
     lowered = compiled(looped(bodies, inners)).lower(jax.eval_shape(init),
@@ -864,10 +865,10 @@ def measure(out: Path) -> DeviceProfile:
     device = jax.devices()[0]
     log.info("profiling %d %s device(s) (%s)", len(jax.devices()), device.platform, device.device_kind)
     parts = Parts(out.with_name(out.name + ".parts"))
-    pair = os.environ.get(PAIR_ENV) == "1"
-    if device.platform != "cpu":
-        return loop_profile(parts, replace(GPU_LOOPS, pair=pair))
-    return loop_profile(parts, replace(SMALL_LOOPS, pair=pair)) if os.environ.get(LOOPS_ENV) == "small" else cpu_profile(parts)
+    if device.platform == "cpu" and os.environ.get(LOOPS_ENV) != "small":
+        return cpu_profile(parts)
+    sizes = GPU_LOOPS if device.platform != "cpu" else SMALL_LOOPS
+    return loop_profile(parts, replace(sizes, pair=os.environ.get(PAIR_ENV) == "1"))
 
 
 def main(argv: list[str]) -> int:
