@@ -32,6 +32,18 @@ def process_age() -> float:
         return float(f.read().split()[0]) - started / os.sysconf("SC_CLK_TCK")
 
 
+def meet_until(jobs: int, deadline: float) -> None:
+    """Mark this job started in $FAULT_PIDS.started, then wait until `jobs` have or the deadline."""
+    started = os.environ["FAULT_PIDS"] + ".started"
+    with open(started, "a") as f:
+        f.write(f"{os.getpid()}\n")
+    while time.monotonic() < deadline:
+        with open(started) as f:
+            if len(f.readlines()) >= jobs:
+                return
+        time.sleep(0.05)
+
+
 def main(job_path: str, outcome_path: str) -> None:
     with open(job_path) as f:
         behaviour = json.load(f)["parallel"]["description"]
@@ -54,9 +66,15 @@ def main(job_path: str, outcome_path: str) -> None:
         subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
         time.sleep(float(behaviour.split()[1]))
     elif behaviour.startswith("sleep"):
-        # record when it ran and which GPUs it saw, so a test can see jobs overlap on disjoint GPUs
+        # record when it ran and which GPUs it saw, so a test can see jobs run one after another
         start = time.time()
         time.sleep(1.5)
+        note(f"{start} {time.time()} {os.environ.get('CUDA_VISIBLE_DEVICES', '-')}")
+    elif behaviour.startswith("meet"):
+        # "meet N LABEL": like sleep, but before ending wait (30 s at most) until N such jobs have
+        # started, so jobs that run at once overlap however slowly their processes start
+        start = time.time()
+        meet_until(int(behaviour.split()[1]), time.monotonic() + 30)
         note(f"{start} {time.time()} {os.environ.get('CUDA_VISIBLE_DEVICES', '-')}")
     elif behaviour.startswith("whoami"):
         # "whoami LABEL": which process ran it, when that process was created, when the job ended

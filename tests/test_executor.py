@@ -58,7 +58,7 @@ def test_max_concurrent_runs_local_jobs_at_once(tmp_path, monkeypatch):
     monkeypatch.setenv("FAULT_PIDS", str(tmp_path / "spans"))
     monkeypatch.setenv("PYTHONPATH", str(REPO))
     store = Store(tmp_path / "r.db")
-    summary = run_sweep([fault_job(f"sleep{i}") for i in range(2)], store,
+    summary = run_sweep([fault_job(f"meet 2 {i}") for i in range(2)], store,
                         LocalExecutor(job_module="tests.fault_jobs", cpu_slots=2), retry_failed=False,
                         manual_timeout=60, max_concurrent=2)
     assert summary.statuses == {"succeeded": 2}
@@ -120,7 +120,7 @@ def test_gpu_jobs_share_a_host_on_disjoint_gpus_each_seeing_only_its_own(tmp_pat
     monkeypatch.setenv("FAULT_PIDS", str(tmp_path / "spans"))
     monkeypatch.setenv("PYTHONPATH", str(REPO))
     store = Store(tmp_path / "r.db")
-    jobs = [gpu_job("sleep a", 1), gpu_job("sleep b", 2), gpu_job("sleep c", 1), gpu_job("sleep d", 4)]
+    jobs = [gpu_job("meet 3 a", 1), gpu_job("meet 3 b", 2), gpu_job("meet 3 c", 1), gpu_job("meet 3 d", 4)]
     summary = run_sweep(jobs, store, LocalExecutor(job_module="tests.fault_jobs", gpus=range(4)),
                         retry_failed=False, manual_timeout=60, max_concurrent=None)
     assert summary.statuses == {"succeeded": 4}

@@ -134,8 +134,9 @@ def test_timeout_and_killed_actor_are_recorded_and_the_next_jobs_run(cluster, tm
 def test_independent_jobs_run_at_once_where_resources_allow(cluster, tmp_path):
     _, pids = cluster
     pids.unlink(missing_ok=True)
+    pids.with_name(pids.name + ".started").unlink(missing_ok=True)
     store = Store(tmp_path / "r.db")
-    jobs = [fault_job(f"sleep{i}") for i in range(3)]
+    jobs = [fault_job(f"meet 2 {i}") for i in range(3)]
     summary = run_sweep(jobs, store, RayExecutor(job_module="tests.fault_jobs"), retry_failed=False,
                         manual_timeout=60, max_concurrent=2)
     assert summary.statuses == {"succeeded": 3}
