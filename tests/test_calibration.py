@@ -69,6 +69,33 @@ def test_the_shared_core_probe_times_the_probe_models_gradients_on_each_device_c
     assert points[0][1] == 1.0 and 1.0 <= points[1][1] <= 2.5  # two devices: at worst they take turns
 
 
+def test_probe_steps_start_from_host_drawn_parameters_of_the_models_shapes_compiling_nothing():
+    """A probe step is timed, never compared: its stage's parameters are drawn on the host, the
+    tree, shapes and dtypes of the model's own initialisation, without compiling its program."""
+    out = run_on_devices(1, """
+        import json, jax, numpy as np
+        from codesign.engine.profile import probe_params
+        from codesign.engine.programs import initial_params
+        from codesign.planner.calibration import probe_jobs
+        compiles = []
+        jax.monitoring.register_event_duration_secs_listener(
+            lambda event, secs, **kw: compiles.append(event) if event.endswith("backend_compile_duration") else 0)
+        model = probe_jobs(8)[-1].model  # the 4-layer "dot" probe; a pipeline's second stage
+        drawn = probe_params(model, (2, 3), 0)
+        drawing = len(compiles)
+        initial = initial_params(model, (2, 3), 0)
+        same = jax.tree.map(lambda a, b: (a.shape, a.dtype) == (b.shape, b.dtype), drawn, initial)
+        print(json.dumps({"compiles": [drawing, len(compiles)], "layers": sorted(drawn),
+                          "same": jax.tree.structure(drawn) == jax.tree.structure(initial)
+                                  and all(jax.tree.leaves(same)),
+                          "std": [float(np.std(a)) for a in jax.tree.leaves(drawn) if a.size >= 256]}))
+        """).stdout.strip().splitlines()[-1]
+    found = json.loads(out)
+    assert found["compiles"][0] == 0 and found["compiles"][1] > 0  # the model's own init compiles
+    assert found["layers"] == ["layer_2", "layer_3"] and found["same"]
+    assert found["std"] and all(0.04 < s < 0.06 for s in found["std"])
+
+
 def test_the_cpu_link_latency_is_one_more_array_in_a_program_reducing_many():
     code = "import json\nfrom codesign.engine.profile import link, measured\nprint(json.dumps(vars(measured(link(1)))))"
     found = json.loads(run_on_devices(2, code).stdout.strip().splitlines()[-1])

@@ -41,13 +41,14 @@ log = logging.getLogger(__name__)
 TRIAL_STEPS = 8
 
 
-def build_training(job: Job, plan: Plan) -> programs.Training:
+def build_training(job: Job, plan: Plan, values: programs.StartingValues = programs.JOB_VALUES
+                   ) -> programs.Training:
     """The plan's training iteration, compiled (and its memory analysed) before it runs."""
     if len(plan.stages) > 1:
-        training = pipeline.build_pipeline(job, plan)
+        training = pipeline.build_pipeline(job, plan, values)
         ensure_fits(training.memory)
         return training
-    return build_single_stage(job, plan)
+    return build_single_stage(job, plan, values)
 
 
 def train_steps(training: programs.Training, steps: int, min_seconds: float = 0.0) -> tuple[list[float], list[float]]:

@@ -155,11 +155,11 @@ def stage_programs(job: Job, plan: Plan, index: int, activations: NamedSharding,
     return forward, backward
 
 
-def build_pipeline(job: Job, plan: Plan) -> Pipeline:
+def build_pipeline(job: Job, plan: Plan, values: programs.StartingValues = programs.JOB_VALUES) -> Pipeline:
     """Place, initialise and compile every stage (forward, backward, update) before step 0."""
     meshes = [programs.stage_mesh(s) for s in plan.stages]
     last = len(plan.stages) - 1
-    x, y = programs.synthetic_batch(job, plan.num_micro_batches,
+    x, y = values.batch(job, plan.num_micro_batches,
                                     programs.batch_sharding(meshes[0], plan, leading=1),
                                     programs.batch_sharding(meshes[last], plan, leading=1))
     activations = [programs.batch_sharding(mesh, plan) for mesh in meshes]
@@ -170,7 +170,7 @@ def build_pipeline(job: Job, plan: Plan) -> Pipeline:
     lowered, arriving = [], (xs[0],)
     for index, mesh in enumerate(meshes):
         inputs = arriving + ((ys[0],) if index == last else ())
-        lowered.append(_lower_stage(job, plan, index, mesh, activations[index], inputs, optimizer))
+        lowered.append(_lower_stage(job, plan, index, mesh, activations[index], inputs, optimizer, values.params))
         if index < last:
             arriving = (_on(lowered[-1].forward.out_info[0], activations[index + 1]),)
     start = time.perf_counter()
@@ -206,12 +206,12 @@ class LoweredStage:
 
 
 def _lower_stage(job: Job, plan: Plan, index: int, mesh, activations: NamedSharding, inputs: tuple,
-                 optimizer) -> LoweredStage:
+                 optimizer, initial: Callable[..., dict]) -> LoweredStage:
     stage = plan.stages[index]
     abstract, shardings = programs.stage_parameters(job, plan, stage, mesh)
     grad_shardings = programs.gradient_shardings(plan, shardings, abstract)
     opt_shardings = programs.optimizer_shardings(optimizer, abstract, grad_shardings, mesh)
-    state = programs.init_state(job, stage, optimizer, (shardings, opt_shardings, grad_shardings))
+    state = programs.init_state(job, stage, optimizer, (shardings, opt_shardings, grad_shardings), initial=initial)
     forward, backward = stage_programs(job, plan, index, activations, grad_shardings)
 
     def update(params, opt_state, grads):

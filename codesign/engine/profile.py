@@ -51,7 +51,7 @@ from jax.sharding import PartitionSpec as P
 from scipy.optimize import nnls
 
 from codesign.engine.job import build_training, configure_jax, train_steps
-from codesign.engine.programs import DTYPES, initial_params, run_once_options
+from codesign.engine.programs import DTYPES, StartingValues, batch_shapes, run_once_options
 from codesign.engine.step import accumulate, loss_fn
 from codesign.planner.calibration import (
     CONTENTION,
@@ -503,7 +503,7 @@ def measured(bench: Bench[T]) -> T:
 
 def call_times(module: nn.Module, z: jax.Array, repeats: int) -> Bench[tuple[float, float]]:
     """(forward, backward) seconds of one module call on z: backward = forward-and-backward - forward."""
-    params = module.init(jax.random.key(0), z)
+    params = drawn(jax.eval_shape(lambda: module.init(jax.random.key(0), z)), 0)
     fwd = jax.jit(lambda p, x: module.apply(p, x))
     both = jax.jit(jax.grad(lambda p, x: jnp.sum(module.apply(p, x).astype(jnp.float32)), argnums=(0, 1)))
     jax.block_until_ready((fwd(params, z), both(params, z)))
@@ -516,7 +516,7 @@ def mixer_times(kind: str, repeats: int) -> Bench[list[tuple[float, float]]]:
     """call_times of a kind's one-mixer layer at each of MIXER_BATCHES (fp32, probe widths)."""
     f_in, out, emb = PROBE_WIDTHS
     module, _ = mixer_module(kind, f_in, out, emb, jnp.float32)
-    calls = [prepared(call_times(module, jax.random.normal(jax.random.key(1), (b, emb, f_in)), repeats))
+    calls = [prepared(call_times(module, drawn(jax.ShapeDtypeStruct((b, emb, f_in), jnp.float32), b), repeats))
              for b in MIXER_BATCHES]
     yield
     return [call() for call in calls]
@@ -591,16 +591,18 @@ def dispatch_time(repeats: int, arrays: int = 64) -> Bench[float]:
 
 
 def speedup(repeats: int) -> Bench[tuple[float, list[tuple[int, float]]]]:
-    """One device's matmul FLOP/s, and the aggregate speed of n devices each computing the probe
-    model's gradients on its own SPEEDUP_SAMPLES samples at once (a data-parallel step's work
-    without its collectives), relative to one device."""
+    """One device's matmul FLOP/s, and the aggregate speed of n devices each computing the
+    gradients of the probe model's first layer on its own SPEEDUP_SAMPLES samples at once (a
+    data-parallel step's small ops without its collectives), relative to one device. (Both
+    layers: 19-21 CPU-seconds of compiles, a seventh of a profile's; the first alone, 10-14.)"""
     devices = jax.devices()
-    w = jnp.ones((256, 256), jnp.float32)
+    w = jnp.asarray(np.ones((256, 256), np.float32))
     big = jax.jit(lambda a, b: jnp.tanh(a @ b) @ b)
     jax.block_until_ready(big(w, w))
     job = probe_job(1, (1, 1, 1), 1, SPEEDUP_SAMPLES)
-    loss = loss_fn(job, ((0, 1),), False)
-    params = initial_params(job.model, tuple(range(job.model.num_zhen_layers)), job.training.seed)
+    job = replace(job, model=replace(job.model, num_zhen_layers=1, tokens=job.model.tokens[:1]))
+    loss = loss_fn(job, ((0,),), False)
+    params = probe_params(job.model, (0,), job.training.seed)
 
     def local(params, x, y):
         value, grads = jax.value_and_grad(loss)(params, x, y)
@@ -612,8 +614,9 @@ def speedup(repeats: int) -> Bench[tuple[float, list[tuple[int, float]]]]:
             break
         mesh = Mesh(np.array(devices[:n]), ("d",))
         sharded, replicated = NamedSharding(mesh, P("d")), NamedSharding(mesh, P())
-        x = jax.device_put(jnp.ones((n * SPEEDUP_SAMPLES, job.model.emb_dim, job.model.num_features)), sharded)
-        y = jax.device_put(jnp.ones((n * SPEEDUP_SAMPLES, counts.output_width(job.model))), sharded)
+        x = jax.device_put(np.ones((n * SPEEDUP_SAMPLES, job.model.emb_dim, job.model.num_features), np.float32),
+                           sharded)
+        y = jax.device_put(np.ones((n * SPEEDUP_SAMPLES, counts.output_width(job.model)), np.float32), sharded)
         f = jax.jit(jax.shard_map(local, mesh=mesh, in_specs=(P(), P("d"), P("d")), out_specs=P("d")))
         busy[n] = functools.partial(f, jax.device_put(params, replicated), x, y)
         jax.block_until_ready(busy[n]())
@@ -637,9 +640,9 @@ def link(repeats: int) -> Bench[Link]:
     mesh = Mesh(np.array(devices), ("d",))
     sharded, replicated = NamedSharding(mesh, P("d")), NamedSharding(mesh, P())
     size = 2**22
-    big = jax.device_put(jnp.ones((n, size // 4), jnp.float32), sharded)
+    big = jax.device_put(np.ones((n, size // 4), np.float32), sharded)
     reduce = jax.jit(lambda a: jnp.sum(a, axis=0), out_shardings=replicated)
-    small = jax.device_put(jnp.ones((n, 16), jnp.float32), sharded)
+    small = jax.device_put(np.ones((n, 16), np.float32), sharded)
     few, many = small_reduces(mesh, 8), small_reduces(mesh, 32)
     jax.block_until_ready((reduce(big), reduce(small)))
     yield
@@ -653,7 +656,7 @@ def small_reduces(mesh: Mesh, arrays: int) -> Callable[[], Any]:
     """One program all-reducing `arrays` small arrays, as a step's gradients go on CPU, compiled
     and run once: the call runs it again."""
     n = mesh.devices.size
-    xs = [jax.device_put(jnp.ones((n, 16 + k), jnp.float32), NamedSharding(mesh, P("d"))) for k in range(arrays)]
+    xs = [jax.device_put(np.ones((n, 16 + k), np.float32), NamedSharding(mesh, P("d"))) for k in range(arrays)]
     reduce = jax.jit(lambda xs: [jnp.sum(x, axis=0) for x in xs], out_shardings=[NamedSharding(mesh, P())] * arrays)
     jax.block_until_ready(reduce(xs))
     return lambda: reduce(xs)
@@ -714,9 +717,33 @@ class LocalProbes:
 
 def warmed_training(job: Job) -> Any:
     """The job's training step compiled and run once (the first run's allocations, not timed)."""
-    training = build_training(job, make_plan(job))
+    training = build_training(job, make_plan(job), PROBE_VALUES)
     train_steps(training, 1)
     return training
+
+
+def probe_params(model: ModelSpec, layers: tuple[int, ...], seed: int) -> dict:
+    """A stage's parameters drawn on the host, at their shapes and dtypes: the model's
+    initialisation program (its random draws unroll into ~500 fusions) was 14 of a CPU profile's
+    compiles (18 CPU-seconds of them on the 1- and 8-device probes alone)."""
+    return drawn(jax.eval_shape(lambda: network.init_params(model, jax.random.key(0), layers=layers)), seed)
+
+
+def probe_batch(job: Job, micro_batches: int, x_sharding: NamedSharding, y_sharding: NamedSharding
+                ) -> tuple[jax.Array, jax.Array]:
+    """synthetic_batch's shapes and placement, drawn on the host (its two programs: 22 compiles)."""
+    x, y = drawn(batch_shapes(job, micro_batches), job.training.seed)
+    return jax.device_put(x, x_sharding), jax.device_put(y, y_sharding)
+
+
+PROBE_VALUES = StartingValues(probe_params, probe_batch)  # a probe step is timed, never compared
+
+
+def drawn(shapes: Any, seed: int) -> Any:
+    """Values for a tree of abstract (possibly boxed) arrays, drawn on the host: nothing compiled.
+    (NumPy arrays: placed on a sharded layout, a device array is sliced by a compiled program.)"""
+    rng = np.random.default_rng(seed)
+    return jax.tree.map(lambda a: (0.05 * rng.standard_normal(a.shape)).astype(a.dtype), nn.meta.unbox(shapes))
 
 
 class ChildProbes:

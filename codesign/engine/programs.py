@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import re
 from collections import Counter
+from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
 import flax.linen as nn
@@ -92,12 +93,13 @@ def run_once_options() -> dict[str, Any]:
 
 
 def init_state(job: Job, stage: StagePlan, optimizer: optax.GradientTransformation,
-               shardings: tuple[Any, ...], view: Callable[[dict], Any] | None = None) -> tuple[Any, ...]:
+               shardings: tuple[Any, ...], view: Callable[[dict], Any] | None = None,
+               initial: Callable[[ModelSpec, tuple[int, ...], int], dict] = initial_params) -> tuple[Any, ...]:
     """The stage's slice of the initial parameters (the same values under every plan), placed
     by the plan (replicated where `view` flattens them), then in one program as `view` holds
     them, Adam's state and, when three shardings are given, a zeroed gradient accumulator. The
     whole slice sits on one device until it is placed."""
-    params = initial_params(job.model, stage.layers, job.training.seed)
+    params = initial(job.model, stage.layers, job.training.seed)
     params = jax.device_put(params, shardings[0] if view is None else jax.tree.map(lambda _: shardings[0], params))
 
     def init(params):
@@ -201,6 +203,19 @@ def synthetic_batch(job: Job, micro_batches: int, x_sharding: NamedSharding,
     options = run_once_options()
     return (jax.jit(inputs, out_shardings=x_sharding, compiler_options=options)(),
             jax.jit(targets, out_shardings=y_sharding, compiler_options=options)())
+
+
+@dataclass(frozen=True)
+class StartingValues:
+    """Where a training's parameters and batch come from: for a job, the model's own
+    initialisation and a fixed random batch (the same values under every plan); a profile's
+    probe steps, timed and never compared, take any values of those shapes."""
+
+    params: Callable[[ModelSpec, tuple[int, ...], int], dict] = initial_params  # (model, layers, seed)
+    batch: Callable[[Job, int, NamedSharding, NamedSharding], tuple[Any, Any]] = synthetic_batch
+
+
+JOB_VALUES = StartingValues()
 
 
 def apply_groups(job: Job, groups: tuple[tuple[int, ...], ...], remat: bool):

@@ -185,7 +185,7 @@ def _deferred(loss: Callable, per_shard: tuple[Mesh, str, dict], params, xs, ys)
     return jnp.sum(values) / n, jax.tree.map(lambda g: jnp.sum(g, axis=0) / n, grads)
 
 
-def build_single_stage(job: Job, plan: Plan) -> SingleStage:
+def build_single_stage(job: Job, plan: Plan, values: programs.StartingValues = programs.JOB_VALUES) -> SingleStage:
     """Shard parameters by the plan's rules, then lower and compile the step on abstract
     arrays: a plan that cannot fit fails before anything is allocated on the devices."""
     stage = plan.stages[0]
@@ -219,8 +219,8 @@ def build_single_stage(job: Job, plan: Plan) -> SingleStage:
     memory = programs.compiled_memory(compiled)
     programs.ensure_fits(memory)
     params, opt_state = programs.init_state(job, stage, optimizer, (shardings, opt_shardings),
-                                            view.flatten if view else None)
-    x, y = programs.synthetic_batch(job, plan.num_micro_batches, batch, batch)
+                                            view.flatten if view else None, values.params)
+    x, y = values.batch(job, plan.num_micro_batches, batch, batch)
     return SingleStage(compiled, (params, opt_state), x, y, compile_time, memory, (described,), view)
 
 
