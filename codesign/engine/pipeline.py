@@ -206,7 +206,7 @@ class LoweredStage:
 
 
 def _lower_stage(job: Job, plan: Plan, index: int, mesh, activations: NamedSharding, inputs: tuple,
-                 optimizer, initial: Callable[..., dict]) -> LoweredStage:
+                 optimizer, initial: programs.ParamSource) -> LoweredStage:
     stage = plan.stages[index]
     abstract, shardings = programs.stage_parameters(job, plan, stage, mesh)
     grad_shardings = programs.gradient_shardings(plan, shardings, abstract)

@@ -27,6 +27,7 @@ from codesign.spec.types import Job, ModelSpec
 from codesign.zhen import counts, network
 
 DTYPES = {"fp32": jnp.float32, "bf16": jnp.bfloat16}
+ParamSource = Callable[[ModelSpec, tuple[int, ...], int], dict]  # (model, a stage's layers, seed) -> {layer_i: ...}
 
 
 class Training(Protocol):
@@ -94,11 +95,11 @@ def run_once_options() -> dict[str, Any]:
 
 def init_state(job: Job, stage: StagePlan, optimizer: optax.GradientTransformation,
                shardings: tuple[Any, ...], view: Callable[[dict], Any] | None = None,
-               initial: Callable[[ModelSpec, tuple[int, ...], int], dict] = initial_params) -> tuple[Any, ...]:
-    """The stage's slice of the initial parameters (the same values under every plan), placed
-    by the plan (replicated where `view` flattens them), then in one program as `view` holds
-    them, Adam's state and, when three shardings are given, a zeroed gradient accumulator. The
-    whole slice sits on one device until it is placed."""
+               initial: ParamSource = initial_params) -> tuple[Any, ...]:
+    """The stage's slice of the initial parameters (`initial`'s; the model's own are the same
+    values under every plan), placed by the plan (replicated where `view` flattens them), then in
+    one program as `view` holds them, Adam's state and, when three shardings are given, a zeroed
+    gradient accumulator. The whole slice sits on one device until it is placed."""
     params = initial(job.model, stage.layers, job.training.seed)
     params = jax.device_put(params, shardings[0] if view is None else jax.tree.map(lambda _: shardings[0], params))
 
@@ -211,7 +212,7 @@ class StartingValues:
     initialisation and a fixed random batch (the same values under every plan); a profile's
     probe steps, timed and never compared, take any values of those shapes."""
 
-    params: Callable[[ModelSpec, tuple[int, ...], int], dict] = initial_params  # (model, layers, seed)
+    params: ParamSource = initial_params
     batch: Callable[[Job, int, NamedSharding, NamedSharding], tuple[Any, Any]] = synthetic_batch
 
 
