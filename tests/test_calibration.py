@@ -96,6 +96,18 @@ def test_probe_steps_start_from_host_drawn_parameters_of_the_models_shapes_compi
     assert found["std"] and all(0.04 < s < 0.06 for s in found["std"])
 
 
+def test_the_micro_benchmarks_time_calls_on_arrays_already_on_the_device():
+    """Their inputs are drawn on the host (nothing compiled) and placed once: a timed call that
+    copied them in again would price every mixer call with a host transfer."""
+    run_on_devices(2, """
+        import jax
+        from codesign.engine.profile import link, measured, mixer_times, speedup
+        with jax.transfer_guard_host_to_device("disallow"):
+            for bench in (mixer_times("LINEAR", 1), mixer_times("DOT", 1), speedup(1), link(1)):
+                measured(bench)
+        """)
+
+
 def test_the_cpu_link_latency_is_one_more_array_in_a_program_reducing_many():
     code = "import json\nfrom codesign.engine.profile import link, measured\nprint(json.dumps(vars(measured(link(1)))))"
     found = json.loads(run_on_devices(2, code).stdout.strip().splitlines()[-1])

@@ -159,9 +159,8 @@ def build_pipeline(job: Job, plan: Plan, values: programs.StartingValues = progr
     """Place, initialise and compile every stage (forward, backward, update) before step 0."""
     meshes = [programs.stage_mesh(s) for s in plan.stages]
     last = len(plan.stages) - 1
-    x, y = values.batch(job, plan.num_micro_batches,
-                                    programs.batch_sharding(meshes[0], plan, leading=1),
-                                    programs.batch_sharding(meshes[last], plan, leading=1))
+    x, y = values.batch(job, plan.num_micro_batches, programs.batch_sharding(meshes[0], plan, leading=1),
+                        programs.batch_sharding(meshes[last], plan, leading=1))
     activations = [programs.batch_sharding(mesh, plan) for mesh in meshes]
     xs = jax.jit(list, out_shardings=activations[0])(x)
     ys = jax.jit(list, out_shardings=activations[last])(y)

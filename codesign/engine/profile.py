@@ -503,7 +503,7 @@ def measured(bench: Bench[T]) -> T:
 
 def call_times(module: nn.Module, z: jax.Array, repeats: int) -> Bench[tuple[float, float]]:
     """(forward, backward) seconds of one module call on z: backward = forward-and-backward - forward."""
-    params = drawn(jax.eval_shape(lambda: module.init(jax.random.key(0), z)), 0)
+    params = jax.device_put(drawn(jax.eval_shape(lambda: module.init(jax.random.key(0), z)), 0))
     fwd = jax.jit(lambda p, x: module.apply(p, x))
     both = jax.jit(jax.grad(lambda p, x: jnp.sum(module.apply(p, x).astype(jnp.float32)), argnums=(0, 1)))
     jax.block_until_ready((fwd(params, z), both(params, z)))
@@ -516,8 +516,8 @@ def mixer_times(kind: str, repeats: int) -> Bench[list[tuple[float, float]]]:
     """call_times of a kind's one-mixer layer at each of MIXER_BATCHES (fp32, probe widths)."""
     f_in, out, emb = PROBE_WIDTHS
     module, _ = mixer_module(kind, f_in, out, emb, jnp.float32)
-    calls = [prepared(call_times(module, drawn(jax.ShapeDtypeStruct((b, emb, f_in), jnp.float32), b), repeats))
-             for b in MIXER_BATCHES]
+    calls = [prepared(call_times(module, jax.device_put(drawn(jax.ShapeDtypeStruct((b, emb, f_in), jnp.float32), b)),
+                                 repeats)) for b in MIXER_BATCHES]
     yield
     return [call() for call in calls]
 
@@ -596,7 +596,7 @@ def speedup(repeats: int) -> Bench[tuple[float, list[tuple[int, float]]]]:
     data-parallel step's small ops without its collectives), relative to one device. (Both
     layers: 19-21 CPU-seconds of compiles, a seventh of a profile's; the first alone, 10-14.)"""
     devices = jax.devices()
-    w = jnp.asarray(np.ones((256, 256), np.float32))
+    w = jax.device_put(np.ones((256, 256), np.float32))
     big = jax.jit(lambda a, b: jnp.tanh(a @ b) @ b)
     jax.block_until_ready(big(w, w))
     job = probe_job(1, (1, 1, 1), 1, SPEEDUP_SAMPLES)
@@ -741,7 +741,8 @@ PROBE_VALUES = StartingValues(probe_params, probe_batch)  # a probe step is time
 
 def drawn(shapes: Any, seed: int) -> Any:
     """Values for a tree of abstract (possibly boxed) arrays, drawn on the host: nothing compiled.
-    (NumPy arrays: placed on a sharded layout, a device array is sliced by a compiled program.)"""
+    NumPy arrays (placed on a sharded layout, a device array is sliced by a compiled program):
+    place them before timing calls on them, or each call copies them in."""
     rng = np.random.default_rng(seed)
     return jax.tree.map(lambda a: (0.05 * rng.standard_normal(a.shape)).astype(a.dtype), nn.meta.unbox(shapes))
 
