@@ -96,6 +96,7 @@ def test_probe_steps_start_from_host_drawn_parameters_of_the_models_shapes_compi
     assert found["std"] and all(0.04 < s < 0.06 for s in found["std"])
 
 
+@pytest.mark.slow
 def test_the_micro_benchmarks_time_calls_on_arrays_already_on_the_device():
     """Their inputs are drawn on the host (nothing compiled) and placed once: a timed call that
     copied them in again would price every mixer call with a host transfer."""
