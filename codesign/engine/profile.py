@@ -17,11 +17,11 @@ On CPU the devices are virtual and share the machine's cores, so each mixer is t
 two micro-batch sizes (a line gives the effective FLOP/s and the fixed cost per call), plus an
 Adam update (memory bandwidth), a program call (the host's cost per dispatch), the aggregate
 speed of 1, 2, 4, 8 devices busy at once, all-reduces; then the result is fitted
-(planner/calibration.py) to real training steps of eleven probe models, each timed as a sweep
+(planner/calibration.py) to real training steps of seven probe jobs, each timed as a sweep
 runs it: in a process that sees as many virtual devices as the step uses (`--steps R`, serving
 rounds of timing on request), since idle virtual devices slow the busy ones (a one-device step
 beside seven idle ones took 1.17-1.4x as long). Compiling those steps is most of a CPU profile's
-time (twenty probes: 340 s of a 529 s profile on a busy machine; eleven pin the same five
+time (twenty probes: 340 s of a 529 s profile on a busy machine; seven pin the same five
 factors). Micro-benchmarks keep their fastest time, whole steps their median.
 """
 
