@@ -8,7 +8,13 @@ import sys
 import numpy as np
 import pytest
 
-from codesign.planner.calibration import COMPONENTS, WIDE_PROBE, fitted_factors, probe_jobs, scaled
+from codesign.planner.calibration import (
+    COMPONENTS,
+    WIDE_PROBE,
+    fitted_factors,
+    probe_jobs,
+    scaled,
+)
 from codesign.planner.cost import Workload, estimate
 from codesign.planner.plan import make_plan
 from codesign.planner.profiles import BUILTIN
@@ -126,7 +132,11 @@ def test_the_fit_runs_without_jax():
 @pytest.mark.slow
 def test_probe_steps_on_fewer_devices_are_timed_in_a_child_that_sees_only_those(monkeypatch):
     """The child compiles its probe steps once, then times a round each time it is asked."""
-    from codesign.engine.profile import PROBE_ROUNDS, PROBE_SECONDS, ChildProbes  # JAX: here only
+    from codesign.engine.profile import (  # JAX: here only
+        PROBE_ROUNDS,
+        PROBE_SECONDS,
+        ChildProbes,
+    )
 
     monkeypatch.setenv("XLA_FLAGS", FAST_XLA)  # the child inherits it: its compiles are most of the test
 
