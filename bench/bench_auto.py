@@ -11,7 +11,7 @@ and the confirmed ratio is of their medians over those rounds alone.
 
     python bench/bench_auto.py                                     # mixed model, 4 and 8 devices, mb 1 2 4
     python bench/bench_auto.py --models mixed uniform              # two models (twice the jobs)
-    python bench/bench_auto.py -d auto.db                          # keep the DB: a rerun reprints it
+    python bench/bench_auto.py -d auto.db --confirm 0              # keep the DB: a rerun reprints it
     python bench/bench_auto.py --devices 4 --micro 2 --models mixed
     python bench/bench_auto.py --trials 1 3                        # Auto search with 1 and with 3 trials
 """
