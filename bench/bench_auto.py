@@ -126,7 +126,7 @@ def confirmed(planned: list[PlannedJob], rows: list[dict], best: dict[tuple, tup
     jobs = [p for key in sorted(pairs) for p in sorted(pairs[key], key=lambda p: p.job.parallel.description)]
     times: dict[str, list[float]] = {}
     for i in range(rounds):
-        for r in run(jobs if i % 2 == 0 else jobs[::-1], Path(f"confirm{i}.db")):
+        for r in run(jobs if i % 2 == 0 else jobs[::-1], Path(f"confirm-trials{trials}-{i}.db")):
             if r["status"] == "succeeded":
                 times.setdefault(r["job_key"], []).append(r["median"])
     out = {}
@@ -186,8 +186,8 @@ def main() -> None:
             print(f"auto_trials = {trials}: Auto / best manual over {len(ratios)} groups: median "
                   f"{statistics.median(r for r, _ in ratios.values()):.2f} (target <= 1.10), "
                   f"max {max(r for r, _ in ratios.values()):.2f} (target <= 1.5)")
-            if args.confirm:
-                again = confirmed(planned, rows, ratios, trials, args.confirm, run)
+            again = confirmed(planned, rows, ratios, trials, args.confirm, run) if args.confirm else {}
+            if again:
                 for key, ratio in sorted(again.items()):
                     print(f"  confirmed {key[1]} mb {key[2]}: {ratio:.2f} (first run {ratios[key][0]:.2f}, "
                           f"against {ratios[key][1]})")
