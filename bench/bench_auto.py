@@ -25,6 +25,7 @@ import os
 import statistics
 import tempfile
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from codesign.run.local import LocalExecutor
@@ -84,12 +85,23 @@ def groups(rows: list[dict], trials: int) -> dict[tuple, dict[str, list[dict]]]:
     return out
 
 
-def report(rows: list[dict], trials: int) -> dict[tuple, tuple[float, str]]:
-    """Print one line per group; returns, per group where both ran, Auto/best-manual and the
-    best manual plan's description."""
+@dataclass(frozen=True)
+class Compared:
+    """A group's first pass: Auto's attempt and the fastest manual one."""
+
+    auto: dict
+    best: dict
+
+    @property
+    def ratio(self) -> float:
+        return self.auto["median"] / self.best["median"]
+
+
+def report(rows: list[dict], trials: int) -> dict[tuple, Compared]:
+    """Print one line per group; returns the groups where both ran."""
     print(f"\nauto_trials = {trials}")
     print(f"{'model':<58}{'cluster':>8}{'mb':>4}{'auto ms':>9}{'best ms':>9}{'ratio':>7}  auto plan | best manual")
-    ratios = {}
+    compared = {}
     for (model, cluster, micro), found in sorted(groups(rows, trials).items()):
         auto = [r for r in found["auto"] if r["status"] == "succeeded"]
         manual = [r for r in found["manual"] if r["status"] == "succeeded"]
@@ -98,43 +110,28 @@ def report(rows: list[dict], trials: int) -> dict[tuple, tuple[float, str]]:
             print(f"{model[:57]:<58}{cluster:>8}{micro:>4}  auto {why['status']}, {len(manual)} manual ran "
                   f"{(why['error'] or '').strip().splitlines()[-1:]}")
             continue
-        best = min(manual, key=lambda r: r["median"])
-        ratio = auto[0]["median"] / best["median"]
-        ratios[model, cluster, micro] = ratio, best["description"]
-        twin = [r["description"] for r in manual if r["predicted_time"] == auto[0]["predicted_time"]
-                and r["pp_dp_op"] == auto[0]["pp_dp_op"]]  # priced the same: Auto chose this manual plan
-        print(f"{model[:57]:<58}{cluster:>8}{micro:>4}{auto[0]['median'] * 1e3:>9.2f}{best['median'] * 1e3:>9.2f}"
-              f"{ratio:>7.2f}  {auto[0]['pp_dp_op']} groups {auto[0]['num_auto_layers']}"
-              f"{' = ' + twin[0] if twin else ''} | {best['description']}")
-    return ratios
+        pair = compared[model, cluster, micro] = Compared(auto[0], min(manual, key=lambda r: r["median"]))
+        twin = [r["description"] for r in manual if r["predicted_time"] == pair.auto["predicted_time"]
+                and r["pp_dp_op"] == pair.auto["pp_dp_op"]]  # priced the same: Auto chose this manual plan
+        print(f"{model[:57]:<58}{cluster:>8}{micro:>4}{pair.auto['median'] * 1e3:>9.2f}{pair.best['median'] * 1e3:>9.2f}"
+              f"{pair.ratio:>7.2f}  {pair.auto['pp_dp_op']} groups {pair.auto['num_auto_layers']}"
+              f"{' = ' + twin[0] if twin else ''} | {pair.best['description']}")
+    return compared
 
 
-def confirmed(planned: list[PlannedJob], rows: list[dict], best: dict[tuple, tuple[float, str]], trials: int,
-              rounds: int, run: Callable[[list[PlannedJob], Path], list[dict]]) -> dict[tuple, float]:
+def confirmed(planned: list[PlannedJob], compared: dict[tuple, Compared], rounds: int,
+              run: Callable[[list[PlannedJob], Path], list[dict]], dbs: Path) -> dict[tuple, float]:
     """Each group's Auto spec and best manual spec run again `rounds` times, the two in turn (a
-    fresh DB each round): Auto's median step time over the manual's, those rounds alone."""
-    by_key = {r["job_key"]: key for key, found in groups(rows, trials).items()
-              for r in found["auto"] + found["manual"]}
-    wanted = {key: (AUTO_SEARCH, manual) for key, (_, manual) in best.items()}
-    pairs: dict[tuple, list[PlannedJob]] = {}
-    for p in planned:
-        key = by_key.get(p.key)
-        spec = p.job.parallel
-        if key in wanted and spec.description in wanted[key] and (
-                spec.description != AUTO_SEARCH or spec.auto_trials == trials):
-            pairs.setdefault(key, []).append(p)
-    jobs = [p for key in sorted(pairs) for p in sorted(pairs[key], key=lambda p: p.job.parallel.description)]
+    fresh DB each round, DBS-i.db): Auto's median step time over the manual's, those rounds alone."""
+    by_key = {p.key: p for p in planned}
+    jobs = [by_key[row["job_key"]] for key in sorted(compared) for row in (compared[key].auto, compared[key].best)]
     times: dict[str, list[float]] = {}
     for i in range(rounds):
-        for r in run(jobs if i % 2 == 0 else jobs[::-1], Path(f"confirm-trials{trials}-{i}.db")):
+        for r in run(jobs if i % 2 == 0 else jobs[::-1], dbs.with_name(f"{dbs.name}-{i}.db")):
             if r["status"] == "succeeded":
                 times.setdefault(r["job_key"], []).append(r["median"])
-    out = {}
-    for key, found in pairs.items():
-        auto, manual = sorted(found, key=lambda p: p.job.parallel.description != AUTO_SEARCH)
-        if times.get(auto.key) and times.get(manual.key):
-            out[key] = statistics.median(times[auto.key]) / statistics.median(times[manual.key])
-    return out
+    return {key: statistics.median(times[pair.auto["job_key"]]) / statistics.median(times[pair.best["job_key"]])
+            for key, pair in compared.items() if times.get(pair.auto["job_key"]) and times.get(pair.best["job_key"])}
 
 
 def main() -> None:
@@ -168,7 +165,7 @@ def main() -> None:
         profiles = profiles_for(Hosts.local(0))
 
         def run(jobs: list[PlannedJob], db: Path) -> list[dict]:
-            store = Store(db if db.is_absolute() else Path(tmp) / db)
+            store = Store(db)
             try:
                 run_sweep(jobs, store, LocalExecutor(cache_dir=None), False, args.timeout, 1,
                           Pricing(profiles, config.links))
@@ -176,21 +173,21 @@ def main() -> None:
             finally:
                 store.close()
 
-        rows = run(planned, Path(args.db).absolute() if args.db else Path("results.db"))
+        rows = run(planned, Path(args.db) if args.db else Path(tmp) / "results.db")
         print(f"{len(planned)} jobs on {os.cpu_count()} cores, load average {load:.1f} before, "
               f"{os.getloadavg()[0]:.1f} after; cost model profile: {profiles.book.for_job(planned[0].job).source}")
         for trials in args.trials:
-            ratios = report(rows, trials)
-            if not ratios:
+            compared = report(rows, trials)
+            if not compared:
                 continue
+            ratios = [pair.ratio for pair in compared.values()]
             print(f"auto_trials = {trials}: Auto / best manual over {len(ratios)} groups: median "
-                  f"{statistics.median(r for r, _ in ratios.values()):.2f} (target <= 1.10), "
-                  f"max {max(r for r, _ in ratios.values()):.2f} (target <= 1.5)")
-            again = confirmed(planned, rows, ratios, trials, args.confirm, run) if args.confirm else {}
+                  f"{statistics.median(ratios):.2f} (target <= 1.10), max {max(ratios):.2f} (target <= 1.5)")
+            again = confirmed(planned, compared, args.confirm, run, Path(tmp) / f"confirm-trials{trials}")
+            for key, ratio in sorted(again.items()):
+                print(f"  confirmed {key[1]} mb {key[2]}: {ratio:.2f} (first run {compared[key].ratio:.2f}, "
+                      f"against {compared[key].best['description']})")
             if again:
-                for key, ratio in sorted(again.items()):
-                    print(f"  confirmed {key[1]} mb {key[2]}: {ratio:.2f} (first run {ratios[key][0]:.2f}, "
-                          f"against {ratios[key][1]})")
                 print(f"auto_trials = {trials}: confirmed over {args.confirm} rounds, {len(again)} groups: median "
                       f"{statistics.median(again.values()):.2f} (target <= 1.10), max {max(again.values()):.2f} "
                       f"(target <= 1.5)")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import statistics
+import sys
 from pathlib import Path
 
 import pytest
@@ -20,8 +21,11 @@ from tests.conftest import REPO
 def bench_auto():
     spec = importlib.util.spec_from_file_location("bench_auto", REPO / "bench" / "bench_auto.py")
     module = importlib.util.module_from_spec(spec)
+    monkeypatch = pytest.MonkeyPatch()
+    monkeypatch.setitem(sys.modules, "bench_auto", module)  # its dataclasses look their module up there
     spec.loader.exec_module(module)
-    return module
+    yield module
+    monkeypatch.undo()
 
 
 def recorded(p, median: float, status: str = "succeeded") -> dict:
@@ -44,8 +48,8 @@ def test_confirming_rounds_rerun_each_groups_auto_and_best_manual_plan_in_turn(b
              {"pp1 dp2 op1": 0.5, "pp2 dp1 op1": 0.8}.get(p.job.parallel.description, 2.0) for p in planned}
     rows = [recorded(p, first[p.key]) for p in planned]
     best = bench_auto.report(rows, 1)
-    assert sorted(ratio for ratio, _ in best.values()) == [2.0, 2.0]
-    assert {manual for _, manual in best.values()} == {"pp1 dp2 op1"}  # the first pass's fastest
+    assert sorted(pair.ratio for pair in best.values()) == [2.0, 2.0]
+    assert {pair.best["description"] for pair in best.values()} == {"pp1 dp2 op1"}  # the first pass's fastest
 
     calls: list[tuple[list[str], Path]] = []
     again = iter([{AUTO_SEARCH: 1.0, "pp1 dp2 op1": 0.8}, {AUTO_SEARCH: 3.0, "pp1 dp2 op1": 1.2},
@@ -56,7 +60,7 @@ def test_confirming_rounds_rerun_each_groups_auto_and_best_manual_plan_in_turn(b
         times = next(again)
         return [recorded(j, times[j.job.parallel.description]) for j in jobs]
 
-    found = bench_auto.confirmed(planned, rows, best, 1, 3, run)
+    found = bench_auto.confirmed(planned, best, 3, run, tmp_path / "confirm")
     order = ["Auto search/1", "pp1 dp2 op1/1", "Auto search/2", "pp1 dp2 op1/2"]
     assert [jobs for jobs, _ in calls] == [order, order[::-1], order]  # the two in turn, reversed each round
     assert len({db for _, db in calls}) == 3  # a fresh DB each round: nothing skipped as recorded
