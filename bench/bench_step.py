@@ -9,7 +9,8 @@ Rows per precision and batch (--rows, in this order): `project` (the step codesi
 `project-bias-add` (the encoders' first FFN bias added after its matmul, as a Dense does, instead of
 inside it: network.BIAS_IN_MATMUL; on CPU the two rows are one program), `project-serial` (its ATTENTION encoders one after another
 instead of one vmapped encoder per layer), `project-flat` and `project-leaves` (parameters and Adam's state as flat vectors,
-engine.step.FlatView, or one array per leaf: the default is flat on a GPU, per leaf on CPU), `project-fold` (with fold_dot, the DOT mixer over the Gram's upper blocks) and `reference`
+engine.step.FlatView, or one array per leaf: the default is flat on a GPU, per leaf on CPU), `project-one-vector`
+(flat, with no leaf kept whole beside the vector: engine.step.WHOLE_LEAF, fp32 only), `project-fold` (with fold_dot, the DOT mixer over the Gram's upper blocks) and `reference`
 (reference_step.py: jax.numpy from DESIGN.md, optax.adam, one jit), then project/reference.
 `step ms` is the median of synchronised steps (what a sweep records); `loop ms` the mean of steps
 dispatched back to back with one sync at the end (a training loop's pace). TFLOP/s are model
@@ -20,13 +21,18 @@ more steps of each row with jax.profiler into DIR/<row>_<precision>_<batch> and 
 table (kernel_table.py); the row's optimized HLO goes beside the trace (optimized_hlo.txt), so
 its kernels can be found by name. --recompile compiles each row's step again in a fresh process reading the
 same persistent compilation cache (--cache, or a fresh temporary one, so the first compile is
-cold) and prints that compile's time and the cache's hits. Prints figures, asserts nothing.
+cold) and prints that compile's time and the cache's hits. --target h100 compiles each row for an
+H100 on a machine without one (XLA's deviceless compile; the CUDA build of JAX, `.[gpu]`) and
+prints its kernels and the optimized HLO's traffic by kind (hlo_kernels.py), --save-hlo DIR keeps
+the HLO: the step's structure on a GPU, checkable where no GPU is (its matmuls are not autotuned).
+Prints figures, asserts nothing.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import subprocess
 import sys
 import tempfile
@@ -34,18 +40,22 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import flax.linen as nn
+import hlo_kernels
 import jax
 import jax.numpy as jnp
 import kernel_table
 import numpy as np
 import reference_step
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from codesign.engine import programs
 from codesign.engine import step as single_stage
 from codesign.engine.job import build_training, configure_jax
-from codesign.planner.plan import make_plan
+from codesign.planner.plan import MESH_AXES, make_plan
 from codesign.spec.types import ClusterSpec, Job, ModelSpec, ParallelSpec, TrainingSpec
 from codesign.zhen import counts, network
 
@@ -56,12 +66,17 @@ MODELS = {
 WARMUP = 2
 TRACE_STEPS = 5  # at most, after the timed ones: enough to see every kernel, few enough to read the trace
 STEP_NAME = "bench_step"  # the StepTraceAnnotation that marks a traced step
-ROWS = ("project", "project-bias-add", "project-serial", "project-flat", "project-leaves", "project-fold", "reference")
+ROWS = ("project", "project-bias-add", "project-serial", "project-flat", "project-leaves", "project-one-vector",
+        "project-fold", "reference")
+# GPUs --target compiles for without one: XLA's description of the device (GpuTargetConfigProto,
+# text), data-sheet figures; bandwidth prices the HLO's traffic table.
+TARGETS = {"h100": Path(__file__).with_name("h100_target.txtpb")}
+TARGET_BANDWIDTH = {"h100": 3.35e12}
 
 
-def _job(model: ModelSpec, batch: int, precision: str, fold: bool) -> Job:
+def _job(model: ModelSpec, batch: int, precision: str, fold: bool, platform: str | None = None) -> Job:
     """A one-device job of the model (its num_iters is not read: this script runs its own steps)."""
-    platform = jax.devices()[0].platform
+    platform = platform or jax.devices()[0].platform
     return Job(model, ClusterSpec(1, 1, "NVLink", platform),
                TrainingSpec(batch, WARMUP, precision=precision, fold_dot=fold),
                ParallelSpec("single device", (1,), 1, False, (1, 1, 1)), 1, platform)
@@ -102,16 +117,23 @@ def project_training(model: ModelSpec, batch: int, precision: str, fold: bool) -
 
 
 def project_variant(row: str, model: ModelSpec, batch: int, precision: str) -> programs.Training:
-    """The project's training step as the row names it (network.BATCH_ENCODERS and BIAS_IN_MATMUL
-    are read while tracing, single_stage.FLAT_STATE while building)."""
-    default = single_stage.FLAT_STATE
+    return as_row(row, lambda fold: project_training(model, batch, precision, fold))
+
+
+def as_row(row: str, build: Callable[[bool], Any]) -> Any:
+    """build(fold) with the project's step as the row names it (network.BATCH_ENCODERS and
+    BIAS_IN_MATMUL are read while tracing, single_stage.FLAT_STATE while building)."""
+    default, whole_leaf = single_stage.FLAT_STATE, single_stage.WHOLE_LEAF
     network.BATCH_ENCODERS, network.BIAS_IN_MATMUL = row != "project-serial", row != "project-bias-add"
-    if row in ("project-flat", "project-leaves"):
-        single_stage.FLAT_STATE = dict.fromkeys(default, row == "project-flat")
+    if row in ("project-flat", "project-leaves", "project-one-vector"):
+        single_stage.FLAT_STATE = dict.fromkeys(default, row != "project-leaves")
+    if row == "project-one-vector":
+        single_stage.WHOLE_LEAF = math.inf
     try:
-        return project_training(model, batch, precision, row == "project-fold")
+        return build(row == "project-fold")
     finally:
         network.BATCH_ENCODERS, network.BIAS_IN_MATMUL, single_stage.FLAT_STATE = True, True, default
+        single_stage.WHOLE_LEAF = whole_leaf
 
 
 def bench_project(row: str, model: ModelSpec, batch: int, precision: str, steps: int) -> dict:
@@ -176,6 +198,72 @@ def recompile(row: str, model_name: str, batch: int, precision: str, cache_dir: 
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def target_device(name: str) -> jax.Device:
+    """The one device of a described GPU (XLA's deviceless compile: the CUDA build of JAX, no GPU)."""
+    from jax.experimental.topologies import get_topology_desc
+
+    jax.config.update("jax_platforms", "cpu")  # nothing attached is initialised: the step is only compiled
+    try:
+        topology = get_topology_desc(name, "cuda", target_config=TARGETS[name].read_text(), topology="1x1x1")
+    except Exception as err:  # noqa: BLE001 - whatever JAX raises without its CUDA plugin
+        print(f"bench_step.py: --target {name} needs the CUDA build of JAX (pip install -e '.[gpu]'; "
+              f"no GPU needed): {err}", file=sys.stderr)
+        raise SystemExit(2) from None
+    return topology.devices[0]
+
+
+def target_compile(row: str, model: ModelSpec, batch: int, precision: str, device: jax.Device) -> tuple[Any, float]:
+    """The row's step compiled for a described GPU, and its compile time (no autotuning: XLA
+    picks its matmul kernels by heuristics)."""
+    mesh = Mesh(np.array([device]).reshape(1, 1), MESH_AXES)
+    if row == "reference":
+        optimizer, step = reference_step.make_step(model, 1e-3, programs.DTYPES[precision])
+        replicated = NamedSharding(mesh, P())
+
+        def placed(tree):
+            return jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=replicated), tree)
+
+        params = placed(jax.eval_shape(lambda k: nn.meta.unbox(network.init_params(model, k)), jax.random.key(0)))
+        x = jax.ShapeDtypeStruct((batch, model.emb_dim, model.num_features), jnp.float32, sharding=replicated)
+        y = jax.ShapeDtypeStruct((batch, counts.output_width(model)), jnp.float32, sharding=replicated)
+        start = time.perf_counter()
+        compiled = step.lower(params, placed(jax.eval_shape(optimizer.init, params)), x, y).compile()
+        return compiled, time.perf_counter() - start
+
+    def build(fold: bool) -> single_stage.CompiledStage:
+        job = _job(model, batch, precision, fold, "gpu")
+        return single_stage.compile_single_stage(job, make_plan(job), mesh)
+
+    built = as_row(row, build)
+    return built.compiled, built.compile_time
+
+
+def report_target(args: argparse.Namespace) -> None:
+    """Each row compiled for the described GPU: compile time, op counts and the HLO's traffic."""
+    device, model = target_device(args.target), MODELS[args.model]
+    print(f"# {args.model}: {model.summary()}, compiled for {device.device_kind} ({args.target}, no device "
+          f"attached: no autotuning), jax {jax.__version__}")
+    for precision in args.precision:
+        for batch in args.batch or [1024 if args.model == "seed" else 256]:
+            for row in [r for r in ROWS if r in args.rows]:
+                try:
+                    compiled, seconds = target_compile(row, model, batch, precision, device)
+                except jax.errors.JaxRuntimeError as err:  # XLA's deviceless compile lacks what autotuning finds
+                    print(f"{row} {precision} batch {batch}: not compiled for the described GPU: "
+                          f"{str(err).splitlines()[0][:300]}", flush=True)
+                    continue
+                kernels = hlo_kernels.entry_kernels(compiled.as_text())
+                ops = programs.compiled_op_counts(compiled)
+                print(f"{row} {precision} batch {batch}: compile {seconds:.2f} s, {len(kernels)} kernels, "
+                      + " ".join(f"{k}={v}" for k, v in ops.items()), flush=True)
+                print(hlo_kernels.format_traffic(kernels, f"{row} {precision} batch {batch}",
+                                                 TARGET_BANDWIDTH[args.target]), flush=True)
+                if args.save_hlo:
+                    path = Path(args.save_hlo) / f"{row}_{precision}_{batch}.hlo.txt"
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                    path.write_text(compiled.as_text())
+
+
 def trace_table(run: Callable[[], None], log_dir: Path, steps: int) -> kernel_table.KernelTable:
     """Trace `steps` annotated steps into log_dir and read the kernel table back from the trace."""
     with jax.profiler.trace(str(log_dir)):
@@ -209,6 +297,9 @@ def _parser() -> argparse.ArgumentParser:
                         help="compile each row again in a fresh process from the persistent cache")
     parser.add_argument("--cache", metavar="DIR", help="persistent compilation cache (default with --recompile: "
                         "a fresh temporary directory)")
+    parser.add_argument("--target", choices=sorted(TARGETS), help="compile each row for this GPU without one "
+                        "(needs the CUDA build of JAX) and print its kernels and the HLO's traffic; times nothing")
+    parser.add_argument("--save-hlo", metavar="DIR", help="with --target: write each row's optimized HLO into DIR")
     parser.add_argument("--compile-only", choices=ROWS, help=argparse.SUPPRESS)
     return parser
 
@@ -244,6 +335,9 @@ def bench(args: argparse.Namespace, cache_dir: str | None) -> None:
 
 def main() -> None:
     args = _parser().parse_args()
+    if args.target:
+        report_target(args)
+        return
     if args.compile_only:
         print(json.dumps(compile_only(args.compile_only, args.model, args.batch[0], args.precision[0], args.cache)))
         return

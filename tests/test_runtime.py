@@ -68,26 +68,33 @@ def test_an_auto_search_job_without_a_chosen_plan_is_invalid():
         "invalid", "an Auto search spec describes no plan: the toolkit chooses one (planner.auto.choose_plan)")
 
 
-def test_replicated_parameters_and_adams_state_are_flat_vectors_with_the_same_step(monkeypatch):
-    """One device: the step takes 4 arrays of state (parameters, Adam's count and moments), not
-    one per leaf each; losses, gradients and updated parameters are those of the per-leaf step."""
+@pytest.mark.parametrize("whole_leaf, precision, whole", [(2**23, "fp32", 0), (2**21, "fp32", 1), (2**21, "bf16", 0)])
+def test_replicated_parameters_and_adams_state_are_flat_vectors_with_the_same_step(monkeypatch, whole_leaf,
+                                                                                   precision, whole):
+    """One device: the step takes 4 arrays of state (parameters, Adam's count and moments) and, in
+    fp32, 3 more per leaf kept whole (the model's DOT kernel of 2^21 elements, with WHOLE_LEAF
+    lowered to it), not one per leaf each; losses, gradients and updated parameters are those of
+    the per-leaf step."""
     from codesign.engine import step as single_stage
     from codesign.engine.profile import FLAT_STEP_ARRAYS
     from tests.reference import assert_matches, differences, live_leaves, two_steps
 
+    monkeypatch.setattr(single_stage, "WHOLE_LEAF", whole_leaf)
+    job = dataclasses.replace(JOB, training=dataclasses.replace(JOB.training, precision=precision))
     states = {}
     for flat in (True, False):
         monkeypatch.setattr(single_stage, "FLAT_STATE", {"cpu": flat})
-        states[flat] = len(jax.tree.leaves(job_body.build_training(JOB, make_plan(JOB)).state))
+        states[flat] = len(jax.tree.leaves(job_body.build_training(job, make_plan(job)).state))
         runs = states.setdefault("runs", {})
-        runs[flat] = two_steps(JOB)
-    assert states[True] == 4 < states[False]
-    assert states[True] + 2 == FLAT_STEP_ARRAYS  # the state and the batch's x and y: what a GPU profile's call takes
+        runs[flat] = two_steps(job)
+    assert states[True] == 4 + 3 * whole < states[False]
+    assert states[True] + 2 == FLAT_STEP_ARRAYS + 3 * whole  # and the batch's x and y: what a GPU profile's call takes
     per_leaf = states["runs"][False]
     assert_matches("flat", differences(states["runs"][True], per_leaf, live_leaves(per_leaf)))
 
 
 def test_only_replicated_parameters_are_viewed_flat_and_the_view_round_trips():
+    """The view round-trips with no leaf whole, the DOT kernel whole, and every leaf whole."""
     from types import SimpleNamespace
 
     from jax.sharding import PartitionSpec as P
@@ -102,7 +109,12 @@ def test_only_replicated_parameters_are_viewed_flat_and_the_view_round_trips():
     assert not replicated({"a": sharding(("dp", "op"), op=1)})
     plan = make_plan(JOB)
     abstract, _ = programs.stage_parameters(JOB, plan, plan.stages[0], programs.stage_mesh(plan.stages[0]))
-    view = FlatView.of(abstract)
     tree = jax.tree.map(lambda a: jax.numpy.arange(a.size, dtype=a.dtype).reshape(a.shape), abstract)
-    assert all((x == y).all() for x, y in zip(jax.tree.leaves(view.leaves(view.flatten(tree))), jax.tree.leaves(tree)))
-    assert view.abstract().shape == (sum(a.size for a in jax.tree.leaves(abstract)),)
+    sizes = [a.size for a in jax.tree.leaves(abstract)]
+    for whole_leaf, whole in ((float("inf"), ()), (2**21, (2**21,)), (1, sizes)):
+        view = FlatView.of(abstract, whole_leaf)
+        assert [sizes[i] for i in view.whole] == list(whole)
+        state = view.flatten(tree)
+        assert all((x == y).all() for x, y in zip(jax.tree.leaves(view.leaves(state)), jax.tree.leaves(tree)))
+        assert [a.shape for a in state] == [a.shape for a in view.abstract()]
+        assert view.abstract()[0].shape == (sum(sizes) - sum(whole),)

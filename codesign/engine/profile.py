@@ -125,7 +125,8 @@ TRIP_FLOPS = 2e11  # ... fewer for a large body: about this much work a trip (un
 LOOP_REPEATS = 3  # short and long loops, in turn: the fastest of each
 MAX_TRIPS = 1024  # outer trips of a long loop at most (a body too fast to time on its own)
 FLAT_STEP_ARRAYS = 6  # what a GPU's step call takes (engine.step.FlatView): parameters, Adam's count
-# and two moments, the batch's x and y; on an H100 a call of 64 arrays took 356-595 us, of 6-8 98-137 us
+# and two moments, the batch's x and y (3 more a leaf kept whole in fp32, engine.step.WHOLE_LEAF: the
+# seed model's 9); on an H100 a call of 64 arrays took 356-595 us, of 6-8 98-137 us
 
 
 @dataclass(frozen=True)

@@ -101,7 +101,9 @@ def init_state(job: Job, stage: StagePlan, optimizer: optax.GradientTransformati
     one program as `view` holds them, Adam's state and, when three shardings are given, a zeroed
     gradient accumulator. The whole slice sits on one device until it is placed."""
     params = initial(job.model, stage.layers, job.training.seed)
-    params = jax.device_put(params, shardings[0] if view is None else jax.tree.map(lambda _: shardings[0], params))
+    # where `view` flattens them, every parameter is replicated, as each of its arrays is
+    placement = shardings[0] if view is None else jax.tree.map(lambda _: jax.tree.leaves(shardings[0])[0], params)
+    params = jax.device_put(params, placement)
 
     def init(params):
         params = params if view is None else view(params)

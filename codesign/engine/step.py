@@ -14,7 +14,6 @@ from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
@@ -32,48 +31,71 @@ from codesign.spec.types import Job
 FLAT_STATE = {"cpu": False, "gpu": True}
 
 
+# Elements from which a leaf stays its own array beside the flat vector (FlatView.whole) in an fp32
+# step: XLA:GPU copies a slice of the vector that a matmul reads as it is, 8 bytes an element of
+# HBM traffic, about 3 us per million at 3e12 B/s, where an array more in the step's call costs the
+# host about 5 us (bench/GPU_RESULTS.md), three of them a leaf (parameters, two moments). The seed
+# model's one such leaf, the first DOT mixer's 134M-row kernel, was a 1.07 GB copy a step (XLA's
+# H100 HLO: bench_step.py --target h100). In bf16 its cast reads the slice in place: no leaf whole.
+WHOLE_LEAF = 2**23
+
+
 @dataclass(frozen=True)
 class FlatView:
-    """Every parameter of a stage in one fp32 vector, where all of them are replicated: the step
-    takes and returns 3 arrays (parameters, Adam's two moments) and a count instead of one per
-    leaf each, and Adam updates them in one pass. Per leaf, the host's call of a seed-model step
-    (about 450 arrays) was 2.6 ms of its 13.0 ms on an H100, with the GPU idle; each leaf's Adam
-    update was its own kernel. The model reads its leaves as slices (which fuse into their
-    consumers); their gradients are concatenated back in one copy (custom_vjp: the transpose of
-    ~150 slices would add as many zero-padded full vectors)."""
+    """A stage's parameters, where all of them are replicated, as one fp32 vector of its small
+    leaves and its large leaves whole (WHOLE_LEAF): the step takes and returns a few arrays each
+    for parameters and Adam's two moments, and a count, instead of one per leaf, and Adam updates
+    the vector in one pass. Per leaf, the host's call of a seed-model step (about 450 arrays) was
+    2.6 ms of its 13.0 ms on an H100, with the GPU idle; each leaf's Adam update was its own
+    kernel. The model reads the small leaves as slices (which fuse into their consumers); their
+    gradients are concatenated back in one copy (custom_vjp: the transpose of ~150 slices would add
+    as many zero-padded full vectors)."""
 
     treedef: Any
     shapes: tuple[tuple[int, ...], ...]
+    whole: tuple[int, ...]  # indices of the leaves kept whole, in leaf order
 
     @staticmethod
-    def of(params: dict) -> FlatView:
+    def of(params: dict, whole_leaf: float = math.inf) -> FlatView:
         leaves, treedef = jax.tree.flatten(params)
-        return FlatView(treedef, tuple(tuple(leaf.shape) for leaf in leaves))
+        return FlatView(treedef, tuple(tuple(leaf.shape) for leaf in leaves),
+                        tuple(i for i, leaf in enumerate(leaves) if math.prod(leaf.shape) >= whole_leaf))
 
-    def flatten(self, tree: dict) -> jax.Array:
-        return jnp.concatenate([leaf.reshape(-1) for leaf in jax.tree.leaves(tree)])
+    def flatten(self, tree: dict) -> tuple[jax.Array, ...]:
+        """(the small leaves as one vector, *the whole leaves)."""
+        leaves = jax.tree.leaves(tree)
+        small = [leaf.reshape(-1) for i, leaf in enumerate(leaves) if i not in self.whole]
+        return (jnp.concatenate(small) if small else jnp.zeros((0,), jnp.float32), *(leaves[i] for i in self.whole))
 
-    def leaves(self, flat: jax.Array) -> dict:
-        offsets = np.cumsum([0, *(math.prod(shape) for shape in self.shapes)])
-        return self.treedef.unflatten([flat[a:b].reshape(shape) for a, b, shape in
-                                       zip(offsets[:-1], offsets[1:], self.shapes)])
+    def leaves(self, state: tuple[jax.Array, ...]) -> dict:
+        flat, whole = state[0], iter(state[1:])
+        offset, leaves = 0, []
+        for i, shape in enumerate(self.shapes):
+            if i in self.whole:
+                leaves.append(next(whole))
+            else:
+                leaves.append(flat[offset:offset + math.prod(shape)].reshape(shape))
+                offset += math.prod(shape)
+        return self.treedef.unflatten(leaves)
 
     @functools.cached_property
-    def tree(self) -> Callable[[jax.Array], dict]:
+    def tree(self) -> Callable[[tuple[jax.Array, ...]], dict]:
         """leaves, compiled once (params() and first_moments() read the tree back through it)."""
         return jax.jit(self.leaves)
 
-    def abstract(self) -> jax.ShapeDtypeStruct:
-        return jax.ShapeDtypeStruct((sum(math.prod(shape) for shape in self.shapes),), jnp.float32)
+    def abstract(self) -> tuple[jax.ShapeDtypeStruct, ...]:
+        small = sum(math.prod(shape) for i, shape in enumerate(self.shapes) if i not in self.whole)
+        return (jax.ShapeDtypeStruct((small,), jnp.float32),
+                *(jax.ShapeDtypeStruct(self.shapes[i], jnp.float32) for i in self.whole))
 
     def loss(self, loss: Callable) -> Callable:
-        """loss(params tree, ...) as loss(flat, ...), the flat gradient one concatenation."""
+        """loss(params tree, ...) as loss(flat state, ...), the vector's gradient one concatenation."""
         @jax.custom_vjp
-        def unflatten(flat):
-            return self.leaves(flat)
+        def unflatten(state):
+            return self.leaves(state)
 
-        unflatten.defvjp(lambda flat: (self.leaves(flat), None), lambda _, grads: (self.flatten(grads),))
-        return lambda flat, *args: loss(unflatten(flat), *args)
+        unflatten.defvjp(lambda state: (self.leaves(state), None), lambda _, grads: (self.flatten(grads),))
+        return lambda state, *args: loss(unflatten(state), *args)
 
 
 def replicated(shardings: dict) -> bool:
@@ -89,7 +111,7 @@ class SingleStage:
     """pp = 1: one fused program (micro-batches accumulated in a scan, one update) on one mesh."""
 
     compiled: Callable  # (params, opt_state, xs, ys) -> (params, opt_state, loss)
-    state: tuple[Any, Any]  # (params, opt_state); params flat where `view` is set
+    state: tuple[Any, Any]  # (params, opt_state); params as FlatView.flatten holds them where `view` is set
     x: jax.Array
     y: jax.Array
     compile_time: float
@@ -185,18 +207,32 @@ def _deferred(loss: Callable, per_shard: tuple[Mesh, str, dict], params, xs, ys)
     return jnp.sum(values) / n, jax.tree.map(lambda g: jnp.sum(g, axis=0) / n, grads)
 
 
-def build_single_stage(job: Job, plan: Plan, values: programs.StartingValues = programs.JOB_VALUES) -> SingleStage:
-    """Shard parameters by the plan's rules, then lower and compile the step on abstract
-    arrays: a plan that cannot fit fails before anything is allocated on the devices."""
+@dataclass(frozen=True)
+class CompiledStage:
+    """A single-stage step compiled on abstract arrays, before anything is placed on a device."""
+
+    compiled: Any
+    compile_time: float
+    shardings: tuple[Any, Any]  # (params, opt_state)
+    batch: NamedSharding
+    described: dict[str, Any]
+    view: FlatView | None
+    optimizer: optax.GradientTransformation
+
+
+def compile_single_stage(job: Job, plan: Plan, mesh: Mesh) -> CompiledStage:
+    """Shard parameters by the plan's rules, then lower and compile the step on abstract arrays
+    (the mesh's devices need not be attached: bench_step compiles for a GPU it only describes)."""
     stage = plan.stages[0]
-    mesh = programs.stage_mesh(stage)
     abstract, shardings = programs.stage_parameters(job, plan, stage, mesh)
     described = programs.describe_shardings(shardings, programs.gradient_shardings(plan, shardings, abstract))
     loss = loss_fn(job, stage.groups, plan.remat)
     flat = FLAT_STATE.get(mesh.devices.flat[0].platform, False)
-    view = FlatView.of(abstract) if flat and replicated(shardings) and not plan.reduce_scatter else None
+    whole_leaf = WHOLE_LEAF if programs.DTYPES[job.training.precision] == jnp.float32 else math.inf
+    view = FlatView.of(abstract, whole_leaf) if flat and replicated(shardings) and not plan.reduce_scatter else None
     if view is not None:
-        abstract, shardings, loss = view.abstract(), NamedSharding(mesh, P()), view.loss(loss)
+        abstract, loss = view.abstract(), view.loss(loss)
+        shardings = jax.tree.map(lambda _: NamedSharding(mesh, P()), abstract)
     grad_shardings = programs.gradient_shardings(plan, shardings, abstract)
     optimizer = optax.adam(job.training.learning_rate)
     opt_shardings = programs.optimizer_shardings(optimizer, abstract, grad_shardings, mesh)
@@ -215,13 +251,22 @@ def build_single_stage(job: Job, plan: Plan, values: programs.StartingValues = p
                        ).lower(*_placed(state, (shardings, opt_shardings)),
                                *_placed(programs.batch_shapes(job, plan.num_micro_batches), (batch, batch))
                                ).compile()
-    compile_time = time.perf_counter() - start
-    memory = programs.compiled_memory(compiled)
+    return CompiledStage(compiled, time.perf_counter() - start, (shardings, opt_shardings), batch, described,
+                         view, optimizer)
+
+
+def build_single_stage(job: Job, plan: Plan, values: programs.StartingValues = programs.JOB_VALUES) -> SingleStage:
+    """The step compiled first, so a plan that cannot fit fails before anything is allocated on
+    the devices; then its starting state and batch placed."""
+    stage = plan.stages[0]
+    built = compile_single_stage(job, plan, programs.stage_mesh(stage))
+    memory = programs.compiled_memory(built.compiled)
     programs.ensure_fits(memory)
-    params, opt_state = programs.init_state(job, stage, optimizer, (shardings, opt_shardings),
-                                            view.flatten if view else None, values.params)
-    x, y = values.batch(job, plan.num_micro_batches, batch, batch)
-    return SingleStage(compiled, (params, opt_state), x, y, compile_time, memory, (described,), view)
+    params, opt_state = programs.init_state(job, stage, built.optimizer, built.shardings,
+                                            built.view.flatten if built.view else None, values.params)
+    x, y = values.batch(job, plan.num_micro_batches, built.batch, built.batch)
+    return SingleStage(built.compiled, (params, opt_state), x, y, built.compile_time, memory, (built.described,),
+                       built.view)
 
 
 def deferred_sync(plan: Plan, mesh: Mesh, shardings: dict) -> tuple[Mesh, str, dict] | None:

@@ -1,0 +1,105 @@
+"""bench/hlo_kernels.py, the HLO's traffic table, and bench_step.py --target, which prints it for a
+GPU compiled for without one."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from tests.conftest import REPO
+
+HAND_WRITTEN = """HloModule step
+
+%fused_cast (param_0: f32[1000]) -> bf16[10,10] {
+  %param_0 = f32[1000]{0} parameter(0)
+  %convert.1 = bf16[1000]{0} convert(%param_0)
+  %slice.1 = bf16[100]{0} slice(%convert.1), slice={[0:100]}
+  ROOT %bitcast.1 = bf16[10,10]{1,0} bitcast(%slice.1)
+}
+
+%fused_adam (param_0.1: f32[1000], param_1.1: f32[1000], param_2.1: bf16[1000]) -> (f32[1000], f32[1000]) {
+  %param_0.1 = f32[1000]{0} parameter(0)
+  %param_1.1 = f32[1000]{0} parameter(1)
+  %param_2.1 = bf16[1000]{0} parameter(2)
+  %convert.2 = f32[1000]{0} convert(%param_2.1)
+  %add.1 = f32[1000]{0} add(%param_0.1, %convert.2)
+  ROOT %tuple.1 = (f32[1000]{0}, f32[1000]{0}) tuple(%add.1, %param_1.1)
+}
+
+ENTRY %main (params: f32[1000], mu: f32[1000], grads: bf16[1000]) -> (f32[1000], f32[1000], bf16[100,10]) {
+  %params = f32[1000]{0} parameter(0), metadata={op_name="params"}
+  %mu = f32[1000]{0} parameter(1), metadata={op_name="mu"}
+  %grads = bf16[1000]{0} parameter(2), metadata={op_name="grads"}
+  %loop_slice_fusion = bf16[10,10]{1,0} fusion(%params), kind=kLoop, calls=%fused_cast, metadata={op_name="jit(step)/slice"}
+  %gemm_fusion_dot = bf16[100,10]{1,0} fusion(%grads, %loop_slice_fusion), kind=kCustom, calls=%fused_cast
+  %loop_add_fusion = (f32[1000]{0}, f32[1000]{0}) fusion(%params, %mu, /*index=2*/%grads), kind=kLoop, calls=%fused_adam, metadata={op_name="jit(step)/add"}
+  %get-tuple-element.1 = f32[1000]{0} get-tuple-element(%loop_add_fusion), index=0
+  %get-tuple-element.2 = f32[1000]{0} get-tuple-element(%loop_add_fusion), index=1
+  ROOT %tuple = (f32[1000]{0}, f32[1000]{0}, bf16[100,10]{1,0}) tuple(%get-tuple-element.1, %get-tuple-element.2, %gemm_fusion_dot)
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def hlo_kernels():
+    sys.path.insert(0, str(REPO / "bench"))  # it imports its sibling kernel_table, as the scripts do
+    try:
+        yield importlib.import_module("hlo_kernels")
+    finally:
+        sys.path.remove(str(REPO / "bench"))
+
+
+def cuda_plugin() -> bool:
+    try:
+        return importlib.util.find_spec("jax_plugins.xla_cuda12") is not None
+    except ModuleNotFoundError:
+        return False
+
+
+def test_kernels_bytes_and_kinds_of_a_hand_written_module(hlo_kernels):
+    """A fusion that only slices an operand (through a convert) reads the slice, in the operand's
+    dtype; operands after an /*index=N*/ comment count; tuples and views are not kernels."""
+    kernels = {k.name: k for k in hlo_kernels.entry_kernels(HAND_WRITTEN)}
+    assert list(kernels) == ["loop_slice_fusion", "gemm_fusion_dot", "loop_add_fusion"]
+    cast, gemm, adam = kernels.values()
+    assert (cast.kind, cast.read, cast.written, cast.op_name) == ("fusion", 100 * 4, 100 * 2, "jit(step)/slice")
+    assert (gemm.kind, gemm.read, gemm.written) == ("matmul", 100 * 2 + 100 * 2, 1000 * 2)
+    assert (adam.read, adam.written, adam.moved) == (1000 * (4 + 4 + 2), 1000 * 8, 18000)
+    text = hlo_kernels.format_traffic(list(kernels.values()), "hand-written", 1e9, top=2)
+    total = cast.moved + gemm.moved + adam.moved
+    assert f"3 kernels move {total / 1e9:.3f} GB ({total / 1e9 * 1e3:.2f} ms at 1e+09 B/s)" in text
+    assert text.splitlines()[2].split()[:3] == ["fusion", "2", f"{(cast.moved + adam.moved) / 1e9:.3f}"]
+    assert [line.split()[2] for line in text.splitlines()[-2:]] == ["loop_add_fusion", "gemm_fusion_dot"]
+
+
+def test_kernels_of_a_compiled_program_read_only_the_slice_they_use(hlo_kernels):
+    """XLA:CPU's own HLO: the kernel taking tanh of x's first 64 elements reads 256 bytes of x's 4000."""
+    compiled = jax.jit(lambda x, w: (jnp.tanh(x[:64].reshape(8, 8)) @ w, x * 2)).lower(
+        jnp.ones(1000), jnp.ones((8, 8))).compile()
+    kernels = hlo_kernels.entry_kernels(compiled.as_text())
+    by_op = {k.op_name.rsplit("/", 1)[-1]: k for k in kernels}
+    assert (by_op["tanh"].read, by_op["tanh"].written) == (64 * 4, 64 * 4)
+    assert (by_op["mul"].read, by_op["mul"].written) == (4000, 4000)
+    assert by_op["dot_general"].kind == "matmul" and by_op["dot_general"].read == 2 * 64 * 4
+
+
+def test_bench_step_target_compiles_for_a_described_gpu_or_says_what_it_needs():
+    """With JAX's CUDA plugin (no GPU needed) it prints each row's kernels and traffic; without it,
+    one line naming what to install, exit code 2."""
+    done = subprocess.run([sys.executable, "bench/bench_step.py", "--target", "h100", "--model", "small",
+                           "--batch", "8", "--precision", "fp32", "--rows", "project", "reference"],
+                          check=False, cwd=REPO, capture_output=True, text=True, timeout=600)
+    if not cuda_plugin():
+        assert done.returncode == 2 and done.stdout == "", done.stderr[-2000:]
+        assert "--target h100 needs the CUDA build of JAX (pip install -e '.[gpu]'; no GPU needed)" in done.stderr
+        return
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "compiled for NVIDIA H100 80GB HBM3" in done.stdout
+    for row in ("project", "reference"):
+        assert f"{row} fp32 batch 8: compile" in done.stdout and f"# HLO traffic, {row} fp32 batch 8:" in done.stdout
