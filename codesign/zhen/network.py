@@ -185,12 +185,17 @@ class BiasInMatmulDense(nn.Module):
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
-        kernel = self.param("kernel", nn.with_logical_partitioning(nn.initializers.lecun_normal(), self.axes),
-                            (x.shape[-1], self.features))
-        bias = self.param("bias", nn.with_logical_partitioning(nn.initializers.zeros_init(), self.axes[1:]),
-                          (self.features,))
-        operands = (x.astype(self.dtype), kernel.astype(self.dtype), bias.astype(self.dtype))
-        return jax.lax.platform_dependent(*operands, cpu=bias_after_matmul, default=bias_in_matmul)
+        return jax.lax.platform_dependent(*_dense_operands(self, x), cpu=bias_after_matmul, default=bias_in_matmul)
+
+
+def _dense_operands(dense: BiasInMatmulDense | ReluDense, x: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """(x, kernel, bias) in the module's dtype, its parameters named and initialised as nn.Dense's
+    (called inside its compact __call__)."""
+    kernel = dense.param("kernel", nn.with_logical_partitioning(nn.initializers.lecun_normal(), dense.axes),
+                         (x.shape[-1], dense.features))
+    bias = dense.param("bias", nn.with_logical_partitioning(nn.initializers.zeros_init(), dense.axes[1:]),
+                       (dense.features,))
+    return x.astype(dense.dtype), kernel.astype(dense.dtype), bias.astype(dense.dtype)
 
 
 # The encoder FFN's ReLU backward inside its matmul (ReluDense: one Pallas kernel on a GPU) on
@@ -275,11 +280,7 @@ class ReluDense(nn.Module):
 
     @nn.compact
     def __call__(self, pre: jax.Array) -> jax.Array:
-        kernel = self.param("kernel", nn.with_logical_partitioning(nn.initializers.lecun_normal(), self.axes),
-                            (pre.shape[-1], self.features))
-        bias = self.param("bias", nn.with_logical_partitioning(nn.initializers.zeros_init(), self.axes[1:]),
-                          (self.features,))
-        return relu_dense(pre.astype(self.dtype), kernel.astype(self.dtype), bias.astype(self.dtype))
+        return relu_dense(*_dense_operands(self, pre))
 
 
 class EncoderLayer(nn.Module):
