@@ -38,6 +38,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -250,9 +251,8 @@ def report_target(args: argparse.Namespace) -> None:
             for row in [r for r in ROWS if r in args.rows]:
                 try:
                     compiled, seconds = target_compile(row, model, batch, precision, device)
-                except jax.errors.JaxRuntimeError as err:  # XLA's deviceless compile lacks what autotuning finds
-                    print(f"{row} {precision} batch {batch}: not compiled for the described GPU: "
-                          f"{str(err).splitlines()[0][:300]}", flush=True)
+                except Exception as err:  # noqa: BLE001 - e.g. a GEMM XLA cannot tile without autotuning
+                    failed(row, precision, batch, err)
                     continue
                 kernels = hlo_kernels.entry_kernels(compiled.as_text())
                 ops = programs.compiled_op_counts(compiled)
@@ -325,12 +325,25 @@ def report_row(row: str, args: argparse.Namespace, batch: int, precision: str, c
     return r["step_s"]
 
 
+def failed(row: str, precision: str, batch: int, err: Exception) -> None:
+    """One line on stdout for a row that failed, its traceback on stderr: the other rows still run
+    (on a GPU, a row whose kernel this JAX cannot build must not cost the rest of the check)."""
+    traceback.print_exc()
+    print(f"{row} {precision} batch {batch}: failed: {type(err).__name__}: {str(err).splitlines()[0][:300]}",
+          flush=True)
+
+
 def bench(args: argparse.Namespace, cache_dir: str | None) -> None:
     rows = [r for r in ROWS if r in args.rows]
     for precision in args.precision:
         for batch in args.batch or [1024 if args.model == "seed" else 256]:
-            step_s = {row: report_row(row, args, batch, precision, cache_dir) for row in rows}
-            for row in rows[:-1] if rows[-1] == "reference" else []:
+            step_s = {}
+            for row in rows:
+                try:
+                    step_s[row] = report_row(row, args, batch, precision, cache_dir)
+                except Exception as err:  # noqa: BLE001 - reported, and the next row runs
+                    failed(row, precision, batch, err)
+            for row in [r for r in step_s if r != "reference"] if "reference" in step_s else []:
                 print(f"# {precision} batch {batch}: {row}/reference {step_s['reference'] / step_s[row]:.2f}x "
                       f"in samples/s", flush=True)
 
