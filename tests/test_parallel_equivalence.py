@@ -1,5 +1,6 @@
-"""op, dp with micro-batches (per leaf, and flat as on a GPU), the batch on op and ZeRO-2 against
-the single-device reference (the fixture's dp and dp x op plans are test_pipeline.py's)."""
+"""op, dp with micro-batches (per leaf, and flat as on a GPU, also with a leaf whole beside the
+vector), the batch on op and ZeRO-2 against the single-device reference (the fixture's dp and
+dp x op plans are test_pipeline.py's)."""
 
 import json
 
@@ -30,6 +31,8 @@ result = {name: differences(two_steps(j), reference, live) for name, j in cases.
 from codesign.engine import step
 step.FLAT_STATE = {"cpu": True}  # a GPU's default: replicated state as flat vectors, one gradient all-reduce
 result["dp4 mb4 flat"] = differences(two_steps(job(4, (1, 4, 1), 4)), reference, live)
+step.WHOLE_LEAF = 16 * 16 * 512  # layer 0's DOT kernel beside the vector, as the seed model's in fp32 on a GPU
+result["dp4 mb4 flat, a leaf whole"] = differences(two_steps(job(4, (1, 4, 1), 4)), reference, live)
 print(json.dumps({"ref": reference["losses"], "live": sum(live), "leaves": len(live), "cases": result}))
 """
 
@@ -39,5 +42,6 @@ def test_parallel_plans_match_single_device_reference():
     out = json.loads(run_on_devices(4, SCRIPT, xla_flags=FAST_XLA).stdout.strip().splitlines()[-1])
     assert out["ref"][1] < out["ref"][0]  # the reference itself trains
     assert out["live"] >= out["leaves"] - 6
+    assert len(out["cases"]) == 7
     for name, diff in out["cases"].items():
         assert_matches(name, diff)
