@@ -11,8 +11,9 @@ from __future__ import annotations
 import functools
 import re
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
 import flax.linen as nn
 import jax
@@ -167,7 +168,7 @@ def compiled_memory(compiled) -> dict[str, int]:
 
 
 HLO_OPS = ("fusion", "gather", "scatter", "transpose", "copy", "dot", "convolution", "custom-call")
-_HLO_OP = re.compile(r"^\s*(?:ROOT )?%\S+ = .*?\s([a-z][a-z0-9-]*)\(", re.M)
+_HLO_OP = re.compile(r"^\s*(?:ROOT )?%\S+ = .*?\s([a-z][a-z0-9-]*)\(", re.MULTILINE)
 
 
 def compiled_op_counts(compiled) -> dict[str, int]:

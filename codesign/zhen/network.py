@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import itertools
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import flax.linen as nn
 import jax
