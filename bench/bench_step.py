@@ -24,7 +24,8 @@ its kernels can be found by name. --recompile compiles each row's step again in 
 same persistent compilation cache (--cache, or a fresh temporary one, so the first compile is
 cold) and prints that compile's time and the cache's hits. --target h100 compiles each row for an
 H100 on a machine without one (XLA's deviceless compile; the CUDA build of JAX, `.[gpu]`) and
-prints its kernels and the optimized HLO's traffic by kind (hlo_kernels.py), --save-hlo DIR keeps
+prints its kernels, the optimized HLO's traffic and matmul FLOPs by kind and a roofline time
+(hlo_kernels.py), --save-hlo DIR keeps
 the HLO: the step's structure on a GPU, checkable where no GPU is (its matmuls are not autotuned).
 Prints figures, asserts nothing.
 """
@@ -74,6 +75,9 @@ ROWS = ("project", "project-bias-add", "project-serial", "project-flat", "projec
 # text), data-sheet figures; bandwidth prices the HLO's traffic table.
 TARGETS = {"h100": Path(__file__).with_name("h100_target.txtpb")}
 TARGET_BANDWIDTH = {"h100": 3.35e12}
+# Matmul FLOP/s by operand dtype for the roofline: what `codesign profile` measured on H100s
+# (bench/GPU_RESULTS.md: bf16 6.97e14-7.55e14, fp32 as TF32 3.29e14-4.06e14), not the data sheet's.
+TARGET_MATMUL_RATES = {"h100": {"bf16": 7.0e14, "f32": 3.7e14}}
 
 
 def _job(model: ModelSpec, batch: int, precision: str, fold: bool, platform: str | None = None) -> Job:
@@ -259,7 +263,8 @@ def report_target(args: argparse.Namespace) -> None:
                 print(f"{row} {precision} batch {batch}: compile {seconds:.2f} s, {len(kernels)} kernels, "
                       + " ".join(f"{k}={v}" for k, v in ops.items()), flush=True)
                 print(hlo_kernels.format_traffic(kernels, f"{row} {precision} batch {batch}",
-                                                 TARGET_BANDWIDTH[args.target]), flush=True)
+                                                 TARGET_BANDWIDTH[args.target], TARGET_MATMUL_RATES[args.target]),
+                      flush=True)
                 if args.save_hlo:
                     path = Path(args.save_hlo) / f"{row}_{precision}_{batch}.hlo.txt"
                     path.parent.mkdir(parents=True, exist_ok=True)

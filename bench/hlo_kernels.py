@@ -1,18 +1,20 @@
-"""Where a compiled step's memory traffic goes, read from its optimized HLO: one row per kernel
-(each instruction of the entry computation that launches work), its bytes read and written, by
-kind (kernel_table.classify, so the table lines up with a trace's).
+"""Where a compiled step's memory traffic and matmul work go, read from its optimized HLO: one row
+per kernel (each instruction of the entry computation that launches work), its bytes read and
+written and its matmuls' FLOPs, by kind (kernel_table.classify, so the table lines up with a
+trace's), and a roofline: each kernel at the HBM's pace or at its matmuls' rate, whichever is slower.
 
 A roofline's other half, for machines without the device: `bench_step.py --target h100` compiles
 the step for an H100 it only describes, and this table says what the GPU's kernels would move.
 Bytes are the kernel's operands and outputs, except that an operand a fused computation only
 slices (through converts, bitcasts and reshapes) counts as the slices it reads: the flat
 parameter vector is read a slice at a time. Kernels inside while loops are not expanded (a
-micro-batch scan counts once). An estimate of traffic, not of time: matmuls are bound by their
-FLOPs, small kernels by their launch.
+micro-batch scan counts once). The roofline is a floor, not a forecast: on an H100 the seed
+step's kernels took 1.3-1.45x its roofline (bench/GPU_RESULTS.md); it ranks variants of a step.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from collections import defaultdict
 from dataclasses import dataclass
@@ -37,10 +39,16 @@ class Kernel:
     read: int  # bytes
     written: int
     op_name: str  # the JAX operation it came from (its metadata), for finding it in the model
+    flops: int = 0  # of its matmuls: 2 x output elements x the contracted size
+    operand_dtype: str = ""  # its matmuls' left operand's, which sets their rate
 
     @property
     def moved(self) -> int:
         return self.read + self.written
+
+    def roofline(self, bandwidth: float, rates: dict[str, float]) -> float:
+        """Seconds at the device's pace: its bytes at `bandwidth` or its matmuls at their rate."""
+        return max(self.moved / bandwidth, self.flops / rates.get(self.operand_dtype, math.inf))
 
 
 def array_bytes(shape: str) -> int:
@@ -99,6 +107,43 @@ def _operand_bytes(body: list[str], index: int, shape: str) -> int:
     return array_bytes(shape) if sliced is None or len(arrays) != 1 else sliced * BYTES[arrays[0][0]]
 
 
+def _shapes(lines: list[str]) -> dict[str, str]:
+    return {m.group(1): m.group(2) for line in lines if (m := _INSTRUCTION.match(line))}
+
+
+def _dims(shape: str) -> list[int]:
+    arrays = _ARRAY.findall(shape)
+    return [int(d) for d in arrays[0][1].split(",") if d] if arrays else []
+
+
+def _matmul(lhs_shape: str, out_shape: str, contracting: str) -> tuple[int, str]:
+    dims = _dims(lhs_shape)
+    contracted = math.prod(dims[int(i)] for i in filter(None, contracting.replace('"', "").split(",")))
+    return 2 * math.prod(_dims(out_shape)) * contracted, (_ARRAY.findall(lhs_shape) or [("", "")])[0][0]
+
+
+def _fused_matmuls(body: list[str]) -> tuple[int, str]:
+    """FLOPs of the dots in a fused computation (a GEMM fusion's), and their left operand's dtype."""
+    shapes, flops, dtype = _shapes(body), 0, ""
+    for line in body:
+        match = _INSTRUCTION.match(line)
+        if match and match.group(3) == "dot":
+            lhs = match.group(4).split(",")[0].strip().lstrip("%")
+            contracting = re.search(r"lhs_contracting_dims=\{([0-9,]*)\}", match.group(5))
+            more, dtype = _matmul(shapes.get(lhs, ""), match.group(2), contracting.group(1) if contracting else "")
+            flops += more
+    return flops, dtype
+
+
+def _library_matmul(shape: str, operands: list[str], shapes: dict[str, str], attributes: str) -> tuple[int, str]:
+    """FLOPs of a cuBLAS call (its dot dimensions in its backend config), and its left operand's dtype."""
+    contracting = re.search(r'"lhs_contracting_dimensions":\[([^\]]*)\]', attributes)
+    if "cublas" not in attributes or not contracting or not operands:
+        return 0, ""
+    out = _ARRAY.search(shape)
+    return _matmul(shapes.get(operands[0], ""), out.group(0) if out else "", contracting.group(1))
+
+
 def entry_kernels(hlo: str) -> list[Kernel]:
     """The kernels of an optimized HLO module's entry computation, in program order."""
     entry, others = computations(hlo)
@@ -117,25 +162,32 @@ def entry_kernels(hlo: str) -> list[Kernel]:
         names = [o.strip().lstrip("%") for o in re.sub(r"/\*.*?\*/", "", operands).split(",") if o.strip()]
         read = sum(_operand_bytes(body, i, shapes.get(o, "")) for i, o in enumerate(names))
         op_name = re.search(r'op_name="([^"]+)"', attributes)
+        flops, dtype = _fused_matmuls(body) if body else _library_matmul(shape, names, shapes, attributes)
         kernels.append(Kernel(name, kernel_table.classify(name if op == "fusion" else f"{name} {op}"), read,
-                              array_bytes(shape), op_name.group(1) if op_name else ""))
+                              array_bytes(shape), op_name.group(1) if op_name else "", flops, dtype))
     return kernels
 
 
-def format_traffic(kernels: list[Kernel], title: str, bandwidth: float, top: int = 12) -> str:
-    """Kernels and bytes moved by kind, each at `bandwidth` B/s, then the `top` kernels by bytes."""
+def format_traffic(kernels: list[Kernel], title: str, bandwidth: float, rates: dict[str, float],
+                   top: int = 12) -> str:
+    """Kernels, bytes moved, matmul FLOPs and roofline time by kind, then the `top` kernels by
+    roofline time (each at `bandwidth` B/s or its matmuls at `rates`, FLOP/s by operand dtype)."""
     by_kind: dict[str, list[Kernel]] = defaultdict(list)
     for kernel in kernels:
         by_kind[kernel.kind].append(kernel)
-    total = sum(k.moved for k in kernels)
-    lines = [(f"# HLO traffic, {title}: {len(kernels)} kernels move {total / 1e9:.3f} GB "
-              f"({total / bandwidth * 1e3:.2f} ms at {bandwidth:.3g} B/s)"),
-             f"{'kind':>16} {'kernels':>8} {'GB':>8} {'ms':>7} {'share':>6}"]
-    for kind, group in sorted(by_kind.items(), key=lambda item: -sum(k.moved for k in item[1])):
-        moved = sum(k.moved for k in group)
-        lines.append(f"{kind:>16} {len(group):>8} {moved / 1e9:>8.3f} {moved / bandwidth * 1e3:>7.3f} "
-                     f"{moved / max(total, 1):>6.1%}")
-    lines.append(f"{'MB read':>9} {'written':>8}  kernel (op_name)")
-    for kernel in sorted(kernels, key=lambda k: -k.moved)[:top]:
-        lines.append(f"{kernel.read / 1e6:>9.1f} {kernel.written / 1e6:>8.1f}  {kernel.name} ({kernel.op_name[-80:]})")
+    moved, flops = sum(k.moved for k in kernels), sum(k.flops for k in kernels)
+    total = sum(k.roofline(bandwidth, rates) for k in kernels)
+    pace = ", ".join(f"{dtype} {rate:.3g}" for dtype, rate in rates.items())
+    lines = [(f"# HLO traffic, {title}: {len(kernels)} kernels move {moved / 1e9:.3f} GB ({moved / bandwidth * 1e3:.2f}"
+              f" ms at {bandwidth:.3g} B/s) and do {flops / 1e12:.3f} TFLOP of matmuls; roofline {total * 1e3:.2f} ms"
+              f" (each kernel at that pace or its matmuls' FLOP/s: {pace})"),
+             f"{'kind':>16} {'kernels':>8} {'GB':>8} {'TFLOP':>7} {'ms':>7} {'share':>6}"]
+    for kind, group in sorted(by_kind.items(), key=lambda item: -sum(k.roofline(bandwidth, rates) for k in item[1])):
+        seconds = sum(k.roofline(bandwidth, rates) for k in group)
+        lines.append(f"{kind:>16} {len(group):>8} {sum(k.moved for k in group) / 1e9:>8.3f} "
+                     f"{sum(k.flops for k in group) / 1e12:>7.3f} {seconds * 1e3:>7.3f} {seconds / max(total, 1e-12):>6.1%}")
+    lines.append(f"{'us':>7} {'MB read':>9} {'written':>8} {'GFLOP':>7}  kernel (op_name)")
+    for kernel in sorted(kernels, key=lambda k: -k.roofline(bandwidth, rates))[:top]:
+        lines.append(f"{kernel.roofline(bandwidth, rates) * 1e6:>7.1f} {kernel.read / 1e6:>9.1f} "
+                     f"{kernel.written / 1e6:>8.1f} {kernel.flops / 1e9:>7.1f}  {kernel.name} ({kernel.op_name[-70:]})")
     return "\n".join(lines)

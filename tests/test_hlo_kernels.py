@@ -23,6 +23,12 @@ HAND_WRITTEN = """HloModule step
   ROOT %bitcast.1 = bf16[10,10]{1,0} bitcast(%slice.1)
 }
 
+%fused_gemm (param_0.2: bf16[100,10], param_1.2: bf16[10,10]) -> bf16[100,10] {
+  %param_0.2 = bf16[100,10]{1,0} parameter(0)
+  %param_1.2 = bf16[10,10]{1,0} parameter(1)
+  ROOT %dot.1 = bf16[100,10]{1,0} dot(%param_0.2, %param_1.2), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+}
+
 %fused_adam (param_0.1: f32[1000], param_1.1: f32[1000], param_2.1: bf16[1000]) -> (f32[1000], f32[1000]) {
   %param_0.1 = f32[1000]{0} parameter(0)
   %param_1.1 = f32[1000]{0} parameter(1)
@@ -32,16 +38,20 @@ HAND_WRITTEN = """HloModule step
   ROOT %tuple.1 = (f32[1000]{0}, f32[1000]{0}) tuple(%add.1, %param_1.1)
 }
 
-ENTRY %main (params: f32[1000], mu: f32[1000], grads: bf16[1000]) -> (f32[1000], f32[1000], bf16[100,10]) {
+ENTRY %main (params: f32[1000], mu: f32[1000], grads: bf16[1000], acts: bf16[100,10], wide: f32[100,10]) -> (f32[1000], f32[1000], bf16[100,10], f32[100,100]) {
   %params = f32[1000]{0} parameter(0), metadata={op_name="params"}
   %mu = f32[1000]{0} parameter(1), metadata={op_name="mu"}
   %grads = bf16[1000]{0} parameter(2), metadata={op_name="grads"}
+  %acts = bf16[100,10]{1,0} parameter(3)
+  %wide = f32[100,10]{1,0} parameter(4)
   %loop_slice_fusion = bf16[10,10]{1,0} fusion(%params), kind=kLoop, calls=%fused_cast, metadata={op_name="jit(step)/slice"}
-  %gemm_fusion_dot = bf16[100,10]{1,0} fusion(%grads, %loop_slice_fusion), kind=kCustom, calls=%fused_cast
+  %gemm_fusion_dot = bf16[100,10]{1,0} fusion(%acts, %loop_slice_fusion), kind=kCustom, calls=%fused_gemm
   %loop_add_fusion = (f32[1000]{0}, f32[1000]{0}) fusion(%params, %mu, /*index=2*/%grads), kind=kLoop, calls=%fused_adam, metadata={op_name="jit(step)/add"}
+  %cublas-gemm.1 = (f32[100,100]{1,0}, s8[64]{0}) custom-call(%wide, %wide), custom_call_target="__cublas$gemm", backend_config={"gemm_backend_config":{"dot_dimension_numbers":{"lhs_contracting_dimensions":["1"],"rhs_contracting_dimensions":["1"]}}}
+  %get-tuple-element.3 = f32[100,100]{1,0} get-tuple-element(%cublas-gemm.1), index=0
   %get-tuple-element.1 = f32[1000]{0} get-tuple-element(%loop_add_fusion), index=0
   %get-tuple-element.2 = f32[1000]{0} get-tuple-element(%loop_add_fusion), index=1
-  ROOT %tuple = (f32[1000]{0}, f32[1000]{0}, bf16[100,10]{1,0}) tuple(%get-tuple-element.1, %get-tuple-element.2, %gemm_fusion_dot)
+  ROOT %tuple = (f32[1000]{0}, f32[1000]{0}, bf16[100,10]{1,0}, f32[100,100]{1,0}) tuple(%get-tuple-element.1, %get-tuple-element.2, %gemm_fusion_dot, %get-tuple-element.3)
 }
 """
 
@@ -62,20 +72,30 @@ def cuda_plugin() -> bool:
         return False
 
 
-def test_kernels_bytes_and_kinds_of_a_hand_written_module(hlo_kernels):
+def test_kernels_bytes_flops_and_kinds_of_a_hand_written_module(hlo_kernels):
     """A fusion that only slices an operand (through a convert) reads the slice, in the operand's
-    dtype; operands after an /*index=N*/ comment count; tuples and views are not kernels."""
+    dtype; operands after an /*index=N*/ comment count; tuples and views are not kernels; a GEMM
+    fusion's and a cuBLAS call's FLOPs come from their dots' shapes, each priced at its dtype's rate."""
     kernels = {k.name: k for k in hlo_kernels.entry_kernels(HAND_WRITTEN)}
-    assert list(kernels) == ["loop_slice_fusion", "gemm_fusion_dot", "loop_add_fusion"]
-    cast, gemm, adam = kernels.values()
-    assert (cast.kind, cast.read, cast.written, cast.op_name) == ("fusion", 100 * 4, 100 * 2, "jit(step)/slice")
-    assert (gemm.kind, gemm.read, gemm.written) == ("matmul", 100 * 2 + 100 * 2, 1000 * 2)
+    assert list(kernels) == ["loop_slice_fusion", "gemm_fusion_dot", "loop_add_fusion", "cublas-gemm.1"]
+    cast, gemm, adam, cublas = kernels.values()
+    assert (cast.kind, cast.read, cast.written, cast.op_name, cast.flops) == ("fusion", 100 * 4, 100 * 2,
+                                                                             "jit(step)/slice", 0)
+    assert (gemm.kind, gemm.read, gemm.written, gemm.flops, gemm.operand_dtype) == (
+        "matmul", 1000 * 2 + 100 * 2, 1000 * 2, 2 * 100 * 10 * 10, "bf16")
     assert (adam.read, adam.written, adam.moved) == (1000 * (4 + 4 + 2), 1000 * 8, 18000)
-    text = hlo_kernels.format_traffic(list(kernels.values()), "hand-written", 1e9, top=2)
-    total = cast.moved + gemm.moved + adam.moved
-    assert f"3 kernels move {total / 1e9:.3f} GB ({total / 1e9 * 1e3:.2f} ms at 1e+09 B/s)" in text
-    assert text.splitlines()[2].split()[:3] == ["fusion", "2", f"{(cast.moved + adam.moved) / 1e9:.3f}"]
-    assert [line.split()[2] for line in text.splitlines()[-2:]] == ["loop_add_fusion", "gemm_fusion_dot"]
+    assert (cublas.kind, cublas.read, cublas.written, cublas.flops, cublas.operand_dtype) == (
+        "matmul", 2 * 1000 * 4, 10000 * 4 + 64, 2 * 100 * 100 * 10, "f32")  # x x^T: 100 x 100
+    rates = {"bf16": 1e6, "f32": 2e6}  # FLOP/s
+    assert gemm.roofline(1e9, rates) == 0.02 and cublas.roofline(1e9, rates) == 0.1
+    assert adam.roofline(1e9, rates) == 18000 / 1e9 and adam.roofline(1e9, {}) == 18000 / 1e9
+    text = hlo_kernels.format_traffic(list(kernels.values()), "hand-written", 1e9, rates, top=2)
+    moved = sum(k.moved for k in kernels.values())
+    assert text.splitlines()[0].startswith(f"# HLO traffic, hand-written: 4 kernels move {moved / 1e9:.3f} GB "
+                                           f"({moved / 1e9 * 1e3:.2f} ms at 1e+09 B/s) and do 0.000 TFLOP of "
+                                           f"matmuls; roofline {(0.12 + (cast.moved + adam.moved) / 1e9) * 1e3:.2f} ms")
+    assert text.splitlines()[2].split()[:2] == ["matmul", "2"]  # the kinds by roofline time, the matmuls first
+    assert [line.split()[-2] for line in text.splitlines()[-2:]] == ["cublas-gemm.1", "gemm_fusion_dot"]
 
 
 def test_kernels_of_a_compiled_program_read_only_the_slice_they_use(hlo_kernels):
