@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import subprocess
 import sys
 import tempfile
@@ -72,9 +73,8 @@ STEP_NAME = "bench_step"  # the StepTraceAnnotation that marks a traced step
 ROWS = ("project", "project-bias-add", "project-serial", "project-flat", "project-leaves", "project-one-vector",
         "project-fused-relu", "project-fold", "reference")
 # GPUs --target compiles for without one: XLA's description of the device (GpuTargetConfigProto,
-# text), data-sheet figures; bandwidth prices the HLO's traffic table.
+# text), data-sheet figures; its memory_bandwidth prices the HLO's traffic table.
 TARGETS = {"h100": Path(__file__).with_name("h100_target.txtpb")}
-TARGET_BANDWIDTH = {"h100": 3.35e12}
 # Matmul FLOP/s by operand dtype for the roofline: what `codesign profile` measured on H100s
 # (bench/GPU_RESULTS.md: bf16 6.97e14-7.55e14, fp32 as TF32 3.29e14-4.06e14), not the data sheet's.
 TARGET_MATMUL_RATES = {"h100": {"bf16": 7.0e14, "f32": 3.7e14}}
@@ -205,6 +205,15 @@ def recompile(row: str, model_name: str, batch: int, precision: str, cache_dir: 
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def batches(args: argparse.Namespace) -> list[int]:
+    return args.batch or [1024 if args.model == "seed" else 256]
+
+
+def target_bandwidth(name: str) -> float:
+    """The described GPU's HBM bandwidth, B/s, as its target config gives it."""
+    return float(re.search(r"memory_bandwidth: (\d+)", TARGETS[name].read_text()).group(1))
+
+
 def target_device(name: str) -> jax.Device:
     """The one device of a described GPU (XLA's deviceless compile: the CUDA build of JAX, no GPU)."""
     from jax.experimental.topologies import get_topology_desc
@@ -251,7 +260,7 @@ def report_target(args: argparse.Namespace) -> None:
     print(f"# {args.model}: {model.summary()}, compiled for {device.device_kind} ({args.target}, no device "
           f"attached: no autotuning), jax {jax.__version__}")
     for precision in args.precision:
-        for batch in args.batch or [1024 if args.model == "seed" else 256]:
+        for batch in batches(args):
             for row in [r for r in ROWS if r in args.rows]:
                 try:
                     compiled, seconds = target_compile(row, model, batch, precision, device)
@@ -263,7 +272,7 @@ def report_target(args: argparse.Namespace) -> None:
                 print(f"{row} {precision} batch {batch}: compile {seconds:.2f} s, {len(kernels)} kernels, "
                       + " ".join(f"{k}={v}" for k, v in ops.items()), flush=True)
                 print(hlo_kernels.format_traffic(kernels, f"{row} {precision} batch {batch}",
-                                                 TARGET_BANDWIDTH[args.target], TARGET_MATMUL_RATES[args.target]),
+                                                 target_bandwidth(args.target), TARGET_MATMUL_RATES[args.target]),
                       flush=True)
                 if args.save_hlo:
                     path = Path(args.save_hlo) / f"{row}_{precision}_{batch}.hlo.txt"
@@ -341,7 +350,7 @@ def failed(row: str, precision: str, batch: int, err: Exception) -> None:
 def bench(args: argparse.Namespace, cache_dir: str | None) -> None:
     rows = [r for r in ROWS if r in args.rows]
     for precision in args.precision:
-        for batch in args.batch or [1024 if args.model == "seed" else 256]:
+        for batch in batches(args):
             step_s = {}
             for row in rows:
                 try:

@@ -121,15 +121,21 @@ def test_the_ffn_relu_backward_in_its_matmul_is_a_dense_with_the_same_parameters
     spec = ModelSpec(12, 16, 4, 2, (("ATTENTION", "ATTENTION", "DOT"), ("ATTENTION", "LINEAR")))
     x = jax.random.normal(jax.random.key(2), (64, 16, 12))  # 64 x 4 tokens: rows of whole 128-row tiles
 
-    def run(fused, local=True):
-        monkeypatch.setattr(network, "FUSED_RELU_BACKWARD", fused)
-        params = nn.meta.unbox(network.init_params(spec, jax.random.key(1)))
-        moved = jax.tree.map(lambda p: p + 0.1 * jax.random.normal(jax.random.key(5), p.shape), params)
-        grad = jax.jit(jax.value_and_grad(lambda p: jnp.mean(network.forward(spec, p, x, local=local) ** 2)))
-        lowered = {platform: jax.export.export(grad, platforms=[platform], disabled_checks=[
+    params = nn.meta.unbox(network.init_params(spec, jax.random.key(1)))
+    moved = jax.tree.map(lambda p: p + 0.1 * jax.random.normal(jax.random.key(5), p.shape), params)
+
+    def grad(local=True):
+        return jax.jit(jax.value_and_grad(lambda p: jnp.mean(network.forward(spec, p, x, local=local) ** 2)))
+
+    def triton_calls(local=True):
+        lowered = {platform: jax.export.export(grad(local), platforms=[platform], disabled_checks=[
             jax.export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")])(moved).mlir_module()
             for platform in ("cuda", "cpu")}
-        return params, grad(moved), {k: v.count("__gpu$xla.gpu.triton") for k, v in lowered.items()}
+        return {k: v.count("__gpu$xla.gpu.triton") for k, v in lowered.items()}
+
+    def run(fused):
+        monkeypatch.setattr(network, "FUSED_RELU_BACKWARD", fused)
+        return nn.meta.unbox(network.init_params(spec, jax.random.key(1))), grad()(moved), triton_calls()
 
     params, (loss, grads), kernels = run(True)
     plain, (plain_loss, plain_grads), plain_kernels = run(False)
@@ -139,7 +145,8 @@ def test_the_ffn_relu_backward_in_its_matmul_is_a_dense_with_the_same_parameters
     assert all(jnp.allclose(a, b, rtol=1e-5, atol=1e-7) for a, b in zip(jax.tree.leaves(grads),
                                                                       jax.tree.leaves(plain_grads)))
     assert kernels == {"cuda": 2, "cpu": 0} and plain_kernels == {"cuda": 0, "cpu": 0}  # one per layer's encoders
-    assert run(True, local=False)[2] == {"cuda": 0, "cpu": 0}
+    monkeypatch.setattr(network, "FUSED_RELU_BACKWARD", True)
+    assert triton_calls(local=False) == {"cuda": 0, "cpu": 0}
 
     assert network._pow2_parts(160) == [(0, 128), (128, 32)] and network._pow2_parts(64) == [(0, 64)]
     dy, kernel, pre = (jax.random.normal(jax.random.key(k), shape) for k, shape in
