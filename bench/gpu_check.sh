@@ -21,8 +21,8 @@
 # GPU_CHECK_ROWS="project-bias-add reference" adds bench_step rows to part 1 (a before/after in one run;
 # project-one-vector: the fp32 step before its largest leaf was kept whole, engine.step.WHOLE_LEAF;
 # project-fused-relu: the encoders' ReLU backward in one Pallas kernel, network.FUSED_RELU_BACKWARD);
-# CODESIGN_PROFILE_PAIR=1 has part 2 time ATTENTION's later width as an encoder pair (as the engine runs
-# a layer's two encoders), in place of one encoder, and parts 3-4 price by it.
+# CODESIGN_PROFILE_PAIR=0 has part 2 time ATTENTION's later width as one encoder, not as the encoder pair
+# the engine runs (the default), and parts 3-4 price by it.
 # Every part compiles through one persistent cache (JAX_COMPILATION_CACHE_DIR, empty at the start):
 # part 1's first compiles are cold; the profile and the CLI's jobs share it, as a sweep's do.
 # Runs with scripts/python.sh (the machine's own JAX where there is no .venv). What comes back:

@@ -126,7 +126,7 @@ def test_each_mixers_backward_is_timed_against_a_random_cotangent(tiny):
 
 
 def test_with_pair_the_later_widths_time_two_vmapped_encoders_as_the_engine_calls_them(tiny):
-    """CODESIGN_PROFILE_PAIR=1: ATTENTION's later widths are timed as a layer of two ATTENTION
+    """By default (CODESIGN_PROFILE_PAIR=0: not) ATTENTION's later widths are timed as a layer of two ATTENTION
     mixers (their encoders one vmapped call), in place of one encoder: no more programs."""
     import dataclasses
 
@@ -149,6 +149,16 @@ def test_with_pair_the_later_widths_time_two_vmapped_encoders_as_the_engine_call
     assert section.work[2:] == [2 * single * b for b in two.batches]
     assert mixer_section("DOT", "fp32", two).kinds == ["DOT"] * 4
     assert mixer_section("ATTENTION", "fp32", dataclasses.replace(two, pair=False)).kinds == ["ATTENTION"] * 4
+
+
+def test_the_pair_is_timed_unless_the_environment_says_0(monkeypatch):
+    from codesign.engine.profile import GPU_LOOPS, PAIR_ENV, loop_sizes
+
+    monkeypatch.delenv(PAIR_ENV, raising=False)
+    assert loop_sizes("gpu") == GPU_LOOPS and GPU_LOOPS.pair
+    assert loop_sizes("cpu").pair and loop_sizes("cpu").widths != GPU_LOOPS.widths
+    monkeypatch.setenv(PAIR_ENV, "0")
+    assert not loop_sizes("gpu").pair and loop_sizes("gpu").widths == GPU_LOOPS.widths
 
 
 def test_past_the_largest_point_the_rate_is_that_widths_own_marginal_rate():

@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 
 LAYER = "LAYER"  # the layer's own work: skip projection, token concat, LayerNorm
 ENCODER_PAIR = "ATTENTION x2"  # two ATTENTION mixers of a layer, their encoders vmapped in one call (a GPU
-# profile measures it with CODESIGN_PROFILE_PAIR=1; where a profile lacks it, the call is priced as one
+# profile measures it unless CODESIGN_PROFILE_PAIR=0; where a profile lacks it, the call is priced as one
 # ATTENTION call of their summed work)
 
 
