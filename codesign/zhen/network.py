@@ -199,11 +199,12 @@ def _dense_operands(dense: BiasInMatmulDense | ReluDense, x: jax.Array) -> tuple
 
 
 # The encoder FFN's ReLU backward inside its matmul (ReluDense: one Pallas kernel on a GPU) on
-# one-device stages. Off until a GPU measures it (bench_step.py --rows project-fused-relu): XLA's
-# H100 HLO of the seed step moves 1.4 GB less in bf16 (22.56 GB against 23.97) and 2.8 GB less in
-# fp32 (38.09 against 40.90), but the kernel is Triton's, not cuBLAS's, and untimed. On CPU, where
-# it is the plain select, the small model's fp32 step took 490 ms against 375 (XLA:CPU transposes
-# the custom backward's operands).
+# one-device stages. Off: XLA's H100 HLO of the seed step moves 1.4 GB less in bf16 (22.56 GB
+# against 23.97) and 2.8 GB less in fp32 (38.09 against 40.90), but on one H200 (seed, batch 1024,
+# same run, bench_step.py --rows project-fused-relu) the step took 8.95 ms against 9.02 in bf16
+# (0.8% less; kernels busy 8.34 against 8.46) but 16.86 against 16.55 in fp32 (1.9% more): its
+# Triton kernel (0.67 ms a step in bf16) gains little over the GEMM and select. On CPU, where it is the plain
+# select, the small model's fp32 step took 490 ms against 375.
 FUSED_RELU_BACKWARD = False
 RELU_TILE = 128  # rows and columns of dpre a program of the fused kernel writes
 
