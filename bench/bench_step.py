@@ -20,7 +20,8 @@ and compile time (lowering and XLA compilation) come from the compiled program. 
 optimized HLO's op counts (fusions, gathers, transposes, copies, dots). --trace DIR traces a few
 more steps of each row with jax.profiler into DIR/<row>_<precision>_<batch> and prints its kernel
 table (kernel_table.py); the row's optimized HLO goes beside the trace (optimized_hlo.txt), so
-its kernels can be found by name. --recompile compiles each row's step again in a fresh process reading the
+its kernels can be found by name, and on an H100 or H200 each fusion is given against its roofline
+(hlo_kernels.rooflines). --recompile compiles each row's step again in a fresh process reading the
 same persistent compilation cache (--cache, or a fresh temporary one, so the first compile is
 cold) and prints that compile's time and the cache's hits. --target h100 compiles each row for an
 H100 on a machine without one (XLA's deviceless compile; the CUDA build of JAX, `.[gpu]`) and
@@ -75,9 +76,6 @@ ROWS = ("project", "project-bias-add", "project-serial", "project-flat", "projec
 # GPUs --target compiles for without one: XLA's description of the device (GpuTargetConfigProto,
 # text), data-sheet figures; its memory_bandwidth prices the HLO's traffic table.
 TARGETS = {"h100": Path(__file__).with_name("h100_target.txtpb")}
-# Matmul FLOP/s by operand dtype for the roofline: what `codesign profile` measured on H100s
-# (bench/GPU_RESULTS.md: bf16 6.97e14-7.55e14, fp32 as TF32 3.29e14-4.06e14), not the data sheet's.
-TARGET_MATMUL_RATES = {"h100": {"bf16": 7.0e14, "f32": 3.7e14}}
 
 
 def _job(model: ModelSpec, batch: int, precision: str, fold: bool, platform: str | None = None) -> Job:
@@ -272,7 +270,7 @@ def report_target(args: argparse.Namespace) -> None:
                 print(f"{row} {precision} batch {batch}: compile {seconds:.2f} s, {len(kernels)} kernels, "
                       + " ".join(f"{k}={v}" for k, v in ops.items()), flush=True)
                 print(hlo_kernels.format_traffic(kernels, f"{row} {precision} batch {batch}",
-                                                 target_bandwidth(args.target), TARGET_MATMUL_RATES[args.target]),
+                                                 target_bandwidth(args.target), hlo_kernels.HOPPER_MATMUL),
                       flush=True)
                 if args.save_hlo:
                     path = Path(args.save_hlo) / f"{row}_{precision}_{batch}.hlo.txt"
@@ -287,6 +285,16 @@ def trace_table(run: Callable[[], None], log_dir: Path, steps: int) -> kernel_ta
             with jax.profiler.StepTraceAnnotation(STEP_NAME, step_num=i):
                 run()
     return kernel_table.build_table(kernel_table.load_trace(log_dir), STEP_NAME)
+
+
+def device_rooflines(hlo: str) -> dict[str, float] | None:
+    """The HLO's kernels' rooflines on this GPU, where hlo_kernels knows its kind (None elsewhere)."""
+    kind = jax.devices()[0].device_kind
+    known = next((name for name in hlo_kernels.GPU_ROOFLINES if name.lower() in kind.lower()), None)
+    if known is None:
+        return None
+    bandwidth, rates = hlo_kernels.GPU_ROOFLINES[known]
+    return hlo_kernels.rooflines(hlo_kernels.entry_kernels(hlo), bandwidth, rates)
 
 
 def _row(name: str, model: ModelSpec, precision: str, batch: int, r: dict, hlo: bool) -> str:
@@ -329,8 +337,10 @@ def report_row(row: str, args: argparse.Namespace, batch: int, precision: str, c
     if args.trace:
         log_dir = Path(args.trace) / f"{row}_{precision}_{batch}"
         table = trace_table(r["run"], log_dir, min(args.steps, TRACE_STEPS))
-        (log_dir / "optimized_hlo.txt").write_text(r["compiled"].as_text())  # the kernels' fusions, by name
-        print(kernel_table.format_table(table, f"{row} {precision} batch {batch}"), flush=True)
+        hlo = r["compiled"].as_text()
+        (log_dir / "optimized_hlo.txt").write_text(hlo)  # the kernels' fusions, by name
+        print(kernel_table.format_table(table, f"{row} {precision} batch {batch}", rooflines=device_rooflines(hlo)),
+              flush=True)
     if args.recompile:  # after the trace: a GPU run cut short by its timeout still printed the table
         again = recompile(row, args.model, batch, precision, cache_dir)
         print(f"# {row} {precision} batch {batch}: compile {r['compile_s']:.2f} s, again in a fresh process "

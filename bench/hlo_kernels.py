@@ -32,6 +32,13 @@ _VIEWS = re.compile(r" (convert|bitcast|reshape)\(")
 _SLICES = re.compile(r" (slice|dynamic-slice)\(")
 
 
+# A GPU's roofline: HBM B/s (the data sheet's) and matmul FLOP/s by operand dtype: what `codesign
+# profile` measured, not the data sheet's (H100s: bf16 6.97e14-7.55e14, fp32 as TF32 3.29e14-4.06e14;
+# one H200, the same chip: 7.08e14-7.11e14 and 3.91e14-4.14e14; bench/GPU_RESULTS.md).
+HOPPER_MATMUL = {"bf16": 7.0e14, "f32": 3.7e14}
+GPU_ROOFLINES = {"H100": (3.35e12, HOPPER_MATMUL), "H200": (4.8e12, HOPPER_MATMUL)}
+
+
 @dataclass(frozen=True)
 class Kernel:
     name: str
@@ -166,6 +173,12 @@ def entry_kernels(hlo: str) -> list[Kernel]:
         kernels.append(Kernel(name, kernel_table.classify(name if op == "fusion" else f"{name} {op}"), read,
                               array_bytes(shape), op_name.group(1) if op_name else "", flops, dtype))
     return kernels
+
+
+def rooflines(kernels: list[Kernel], bandwidth: float, rates: dict[str, float]) -> dict[str, float]:
+    """Each kernel's roofline seconds a call, by the name a GPU trace gives its kernel (the fusion's, '.'
+    as '_'). XLA launches identical fusions as one kernel of the same shapes, so their rooflines agree."""
+    return {kernel.name.replace(".", "_"): kernel.roofline(bandwidth, rates) for kernel in kernels}
 
 
 def format_traffic(kernels: list[Kernel], title: str, bandwidth: float, rates: dict[str, float],

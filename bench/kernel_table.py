@@ -36,6 +36,7 @@ OTHER = "other"
 # Thread-name prefix of a device's kernel lines -> the source named in the table, preferred first.
 DEVICE_LINES = {"Stream": "device streams", "XLA Ops": "device's XLA Ops line"}
 HOST = "host thunks (XLA:CPU)"
+ROOF_COLUMN = 106  # where a kernel line's roofline columns start, past its longest kind
 _PATTERNS = tuple((kind, re.compile(pattern, re.IGNORECASE)) for kind, pattern in KINDS)
 
 
@@ -172,8 +173,10 @@ def host_events(trace: dict, step_name: str) -> list[dict]:
             and not processes.get(e["pid"], "").startswith("/device:") and "hlo_op" not in e.get("args", {})]
 
 
-def format_table(table: KernelTable, title: str, top: int = 15) -> str:
-    """The table as printed: per-step totals, shares by kind, then the top kernels by device time."""
+def format_table(table: KernelTable, title: str, top: int = 15, rooflines: dict[str, float] | None = None) -> str:
+    """The table as printed: per-step totals, shares by kind, then the top kernels by device time.
+    With `rooflines` (seconds a call by kernel name, hlo_kernels.rooflines), each kernel found there
+    is also given against its roofline: the kernels that lose the most time to it show."""
     steps, device = max(table.steps, 1), table.device_us or 1.0
     wall, busy, span = table.median_step()
     lines = [f"## kernels: {title}: {table.steps} steps traced, kernels from the {table.source}",
@@ -190,10 +193,56 @@ def format_table(table: KernelTable, title: str, top: int = 15) -> str:
         lead = sorted(table.host_before.items(), key=lambda item: -item[1])[:6]
         lines.append("host events before the first kernel, us per step (nested events each counted): "
                      + "; ".join(f"{name[:60]} {us / steps:.0f}" for name, us in lead))
-    lines.append(f"{'kernel':<60} {'ms/step':>9} {'share':>7} {'calls/step':>11} kind")
+    if rooflines is not None:
+        lines.append(_roofline_summary(table, rooflines))
+    lines.append(f"{'kernel':<60} {'ms/step':>9} {'share':>7} {'calls/step':>11} kind"
+                 + (f"{'':<{ROOF_COLUMN - 95}}{'us/call':>10} {'roof us':>8} {'x roof':>7}" if rooflines is not None else ""))
     ranked = sorted(table.kernels.items(), key=lambda item: -item[1][0])[:top]
     for name, (us, calls) in ranked:
         short = name if len(name) <= 60 else name[:57] + "..."
-        lines.append(f"{short:<60} {us / steps / 1e3:>9.3f} {100 * us / device:>6.1f}% {calls / steps:>11.1f} "
-                     f"{classify(name)}")
+        line = f"{short:<60} {us / steps / 1e3:>9.3f} {100 * us / device:>6.1f}% {calls / steps:>11.1f} {classify(name)}"
+        if rooflines is not None and name in rooflines:
+            roof = rooflines[name] * 1e6
+            line = f"{line:<{ROOF_COLUMN}}{us / calls:>10.1f} {roof:>8.1f} {us / calls / max(roof, 1e-9):>6.2f}x"
+        lines.append(line)
     return "\n".join(lines)
+
+
+def _roofline_summary(table: KernelTable, rooflines: dict[str, float]) -> str:
+    """How much of the kernel time has a roofline, and how far past it those kernels ran."""
+    steps = max(table.steps, 1)
+    found = {name: (us, calls) for name, (us, calls) in table.kernels.items() if name in rooflines}
+    measured = sum(us for us, _ in found.values())
+    floor = sum(rooflines[name] * 1e6 * calls for name, (_, calls) in found.items())
+    lost = sorted(((us - rooflines[name] * 1e6 * calls) / steps, name) for name, (us, calls) in found.items())[::-1]
+    return (f"against the optimized HLO's roofline: {len(found)} of {len(table.kernels)} kernels found by name "
+            f"(XLA's fusions; library GEMMs are not), {measured / steps / 1e3:.3f} ms a step against "
+            f"{floor / steps / 1e3:.3f} ms ({measured / max(floor, 1e-9):.2f}x); most time past it: "
+            + ", ".join(f"{name} {us / 1e3:.3f} ms" for us, name in lost[:4]))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Print the table of a trace directory fetched from another machine, against the roofline of
+    the optimized HLO bench_step wrote beside it when a device kind is given."""
+    import argparse
+
+    import hlo_kernels
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("trace", help="a bench_step.py --trace row directory (plugins/profile/..., optimized_hlo.txt)")
+    parser.add_argument("--step-name", default="bench_step", help="the StepTraceAnnotation of a step")
+    parser.add_argument("--device", choices=sorted(hlo_kernels.GPU_ROOFLINES), help="the GPU the trace was taken on")
+    parser.add_argument("--top", type=int, default=40)
+    args = parser.parse_args(argv)
+    table = build_table(load_trace(args.trace), args.step_name)
+    rooflines = None
+    if args.device:
+        bandwidth, rates = hlo_kernels.GPU_ROOFLINES[args.device]
+        hlo = (Path(args.trace) / "optimized_hlo.txt").read_text()
+        rooflines = hlo_kernels.rooflines(hlo_kernels.entry_kernels(hlo), bandwidth, rates)
+    print(format_table(table, args.trace, args.top, rooflines))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
