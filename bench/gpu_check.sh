@@ -73,7 +73,7 @@ if part 2. codesign profile; then
 start=$(date +%s%N)
 timeout $(within $t_profile) "$py" -m codesign profile --platform $platform > "$work/profile.json" 2> "$work/profile.txt"
 echo "codesign profile: exit $?, $(( ($(date +%s%N) - start) / 1000000 )) ms"
-grep -E "matmul|bandwidth|memory|dispatch|compiled|measured in|bf16|fp32|all-reduce|all-gather|reduce-scatter|profiled|failed|timed out|Error" "$work/profile.txt" | cut -c1-400
+grep -E "matmul|bandwidth|memory|dispatch|compiled|lowered in|measured in|bf16|fp32|all-reduce|all-gather|reduce-scatter|profiled|failed|timed out|Error" "$work/profile.txt" | cut -c1-1500
 keep
 fi
 

@@ -161,6 +161,14 @@ def test_the_pair_is_timed_unless_the_environment_says_0(monkeypatch):
     assert not loop_sizes("gpu").pair and loop_sizes("gpu").widths == GPU_LOOPS.widths
 
 
+def test_compile_spans_list_every_program_in_the_order_it_finished():
+    from codesign.engine.profile import compile_spans
+
+    spans = {("fp32", "DOT", "lowered"): (0.0, 9.5), ("fp32", "DOT", "init"): (0.1, 2.0), ("scratch",): (2.2, 3.0)}
+    assert compile_spans(spans) == ("in the order done, start+seconds: fp32 DOT init 0.1+2.0, scratch 2.2+3.0, "
+                                    "fp32 DOT lowered 0.0+9.5")
+
+
 def test_past_the_largest_point_the_rate_is_that_widths_own_marginal_rate():
     from codesign.engine.profile import inner_count, points_rate
 

@@ -309,22 +309,29 @@ def compile_side_by_side(compiles: dict[Any, Callable[[], Any]]) -> dict[Any, An
     """Each program compiled (`compiles`: a lowered program's compile, options bound), several at
     once: XLA compiles (and autotunes) outside the GIL, and on a GPU compiling is most of a
     profile's time (one section after another, the two DOT sections alone took 80 s on an H100)."""
-    start, took = time.perf_counter(), {}
+    start, spans = time.perf_counter(), {}
 
     def compile_one(name: Any, compile_program: Callable[[], Any]) -> Any:
         begin = time.perf_counter()
         done = compile_program()
-        took[name] = time.perf_counter() - begin
+        spans[name] = (begin - start, time.perf_counter() - begin)
         return done
 
     with ThreadPoolExecutor(max_workers=max(1, min(len(compiles), os.cpu_count() or 1))) as pool:
         futures = {name: pool.submit(compile_one, name, program) for name, program in compiles.items()}
         done = {name: future.result() for name, future in futures.items()}
     if done:
-        slowest = sorted(took.items(), key=lambda item: -item[1])[:4]
-        log.info("  (%d programs compiled side by side in %.1f s; slowest %s)", len(done),
-                 time.perf_counter() - start, ", ".join(f"{' '.join(name)} {seconds:.1f} s" for name, seconds in slowest))
+        log.info("  (%d programs compiled side by side in %.1f s; %s)", len(done), time.perf_counter() - start,
+                 compile_spans(spans))
     return done
+
+
+def compile_spans(spans: dict[Any, tuple[float, float]]) -> str:
+    """Each program's start and compile seconds, in the order they finished: programs that end one
+    after another at even steps, each waiting from the start, say that their compiles were serialised."""
+    ordered = sorted(spans.items(), key=lambda item: sum(item[1]))
+    return "in the order done, start+seconds: " + ", ".join(
+        f"{' '.join(name)} {begin:.1f}+{seconds:.1f}" for name, (begin, seconds) in ordered)
 
 
 def mixer_points(programs: tuple[Callable, Callable], section: MixerSection, sizes: LoopSizes) -> dict[str, Any]:
@@ -434,7 +441,9 @@ def loop_profile(parts: Parts, sizes: LoopSizes) -> DeviceProfile:
     dispatch = parts.get("dispatch", lambda: measured(dispatch_time(5, FLAT_STEP_ARRAYS)))
     log.info("  dispatch: %.1f us per call of a program of %d arrays", dispatch * 1e6, FLAT_STEP_ARRAYS)
     names = {f"{precision} {kind}": (kind, precision) for precision in DTYPES for kind in (*MIXERS, LAYER)}
+    lowering = time.perf_counter()
     sections = {name: mixer_section(*key, sizes) for name, key in names.items() if name not in parts.data}
+    log.info("  (%d mixer sections traced and lowered in %.1f s)", len(sections), time.perf_counter() - lowering)
     compiles = {(name, part): getattr(section, part).compile for name, section in sections.items()
                 for part in ("lowered", "init")}
     if "scratch" not in parts.data:  # compiled beside the mixers: only its memory analysis is read
