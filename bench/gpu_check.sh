@@ -15,6 +15,9 @@
 #  7. (only when named: GPU_CHECK_PARTS="7") the bf16 step's compile in two fresh processes with empty JAX caches sharing one XLA autotune cache
 #     (--xla_gpu_per_fusion_autotune_cache_dir): the second's time is what a sweep's later jobs of
 #     the same shapes would pay (on an H100 a second row in one process compiled in 8.5 s against 16.6).
+#  8. (only when named: GPU_CHECK_PARTS="8") the bf16 step at batch b1 under each XLA flag set of
+#     GPU_CHECK_XLA (sets separated by ";"), each in a fresh process and JAX cache: a cold compile
+#     and a step time beside part 1's, e.g. GPU_CHECK_XLA="--xla_gpu_exhaustive_tiling_search=true".
 # The whole check ends within GPU_CHECK_SECONDS (360 s) of its start: each part's timeout is cut to the time
 # left, and a part with less than 15 s left is skipped.
 # GPU_CHECK_PARTS="1 2 3 4" runs those parts alone (default: 1-6), for a device lease too short for all;
@@ -118,6 +121,16 @@ if part 7. compile through a shared autotune cache; then
 for run in first second; do  # each a fresh process and an empty JAX cache, one XLA autotune cache between them
   XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_per_fusion_autotune_cache_dir=$work/autotune" timeout $(within $t_bench) "$py" bench/bench_step.py \
     --compile-only project "${model[@]:0:2}" --batch $b1 --precision bf16 --cache "$work/jax_$run" | tail -n 1 | sed "s/^/$run: /"
+done
+keep
+fi
+
+if part 8. the step under other XLA flags: ${GPU_CHECK_XLA:-none given}; then
+IFS=';' read -ra flag_sets <<< "${GPU_CHECK_XLA:-}"
+for flags in "${flag_sets[@]}"; do
+  echo "# XLA_FLAGS +$flags"
+  XLA_FLAGS="${XLA_FLAGS:-} $flags" timeout $(within $t_bench) "$py" bench/bench_step.py "${model[@]}" --batch $b1 \
+    --precision bf16 --rows project --cache "$work/jax_flags_${#flags}_$RANDOM" | tail -n 1
 done
 keep
 fi
