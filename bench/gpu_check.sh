@@ -22,8 +22,7 @@
 # left, and a part with less than 15 s left is skipped.
 # GPU_CHECK_PARTS="1 2 3 4" runs those parts alone (default: 1-6), for a device lease too short for all;
 # GPU_CHECK_ROWS="project-bias-add reference" adds bench_step rows to part 1 (a before/after in one run;
-# project-one-vector: the fp32 step before its largest leaf was kept whole, engine.step.WHOLE_LEAF;
-# project-fused-relu: the encoders' ReLU backward in one Pallas kernel, network.FUSED_RELU_BACKWARD);
+# project-one-vector: the fp32 step before its largest leaf was kept whole, engine.step.WHOLE_LEAF);
 # CODESIGN_PROFILE_PAIR=0 has part 2 time ATTENTION's later width as one encoder, not as the encoder pair
 # the engine runs (the default), and parts 3-4 price by it.
 # Every part compiles through one persistent cache (JAX_COMPILATION_CACHE_DIR, empty at the start):

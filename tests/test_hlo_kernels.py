@@ -130,19 +130,19 @@ def test_a_bench_step_row_that_fails_is_one_line_and_the_other_rows_still_run(hl
     import bench_step
 
     def report_row(row, args, batch, precision, cache_dir):
-        if row == "project-fused-relu":
-            raise RuntimeError("Pallas: no Triton lowering for this\nsecond line")
+        if row == "project-bias-add":
+            raise RuntimeError("no Triton lowering for this\nsecond line")
         print(f"{row} ran")
         return {"project": 0.010, "reference": 0.013}[row]
 
     monkeypatch.setattr(bench_step, "report_row", report_row)
-    args = bench_step._parser().parse_args(["--rows", "project", "project-fused-relu", "reference", "--precision",
+    args = bench_step._parser().parse_args(["--rows", "project", "project-bias-add", "reference", "--precision",
                                             "bf16", "--batch", "8"])
     bench_step.bench(args, None)
     out, err = capsys.readouterr()
     assert out.splitlines() == [
         "project ran",
-        "project-fused-relu bf16 batch 8: failed: RuntimeError: Pallas: no Triton lowering for this",
+        "project-bias-add bf16 batch 8: failed: RuntimeError: no Triton lowering for this",
         "reference ran",
         "# bf16 batch 8: project/reference 1.30x in samples/s"]
     assert "Traceback" in err and "second line" in err

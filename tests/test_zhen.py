@@ -112,53 +112,6 @@ def test_the_ffn_bias_added_in_its_matmul_is_a_dense_with_the_same_parameters_an
     assert "x16xf32" in lowered["cuda"] and "x16xf32" not in lowered["cpu"]
 
 
-def test_the_ffn_relu_backward_in_its_matmul_is_a_dense_with_the_same_parameters_function_and_gradients(
-        monkeypatch):
-    """ReluDense (network.FUSED_RELU_BACKWARD, on a one-device stage): a Dense over relu(x)'s
-    parameters, loss and gradients; its backward's masked matmul is one Pallas kernel when lowered
-    for a GPU (checked here in Pallas' interpreter, and lowered for CUDA without one), the plain
-    select on CPU, and on a stage of several devices the layer is the Dense."""
-    spec = ModelSpec(12, 16, 4, 2, (("ATTENTION", "ATTENTION", "DOT"), ("ATTENTION", "LINEAR")))
-    x = jax.random.normal(jax.random.key(2), (64, 16, 12))  # 64 x 4 tokens: rows of whole 128-row tiles
-
-    params = nn.meta.unbox(network.init_params(spec, jax.random.key(1)))
-    moved = jax.tree.map(lambda p: p + 0.1 * jax.random.normal(jax.random.key(5), p.shape), params)
-
-    def grad(local=True):
-        return jax.jit(jax.value_and_grad(lambda p: jnp.mean(network.forward(spec, p, x, local=local) ** 2)))
-
-    def triton_calls(local=True):
-        lowered = {platform: jax.export.export(grad(local), platforms=[platform], disabled_checks=[
-            jax.export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")])(moved).mlir_module()
-            for platform in ("cuda", "cpu")}
-        return {k: v.count("__gpu$xla.gpu.triton") for k, v in lowered.items()}
-
-    def run(fused):
-        monkeypatch.setattr(network, "FUSED_RELU_BACKWARD", fused)
-        return nn.meta.unbox(network.init_params(spec, jax.random.key(1))), grad()(moved), triton_calls()
-
-    params, (loss, grads), kernels = run(True)
-    plain, (plain_loss, plain_grads), plain_kernels = run(False)
-    assert jax.tree.structure(params) == jax.tree.structure(plain)
-    assert all(jnp.array_equal(a, b) for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(plain)))
-    assert loss == plain_loss
-    assert all(jnp.allclose(a, b, rtol=1e-5, atol=1e-7) for a, b in zip(jax.tree.leaves(grads),
-                                                                      jax.tree.leaves(plain_grads)))
-    assert kernels == {"cuda": 2, "cpu": 0} and plain_kernels == {"cuda": 0, "cpu": 0}  # one per layer's encoders
-    monkeypatch.setattr(network, "FUSED_RELU_BACKWARD", True)
-    assert triton_calls(local=False) == {"cuda": 0, "cpu": 0}
-
-    assert network._pow2_parts(160) == [(0, 128), (128, 32)] and network._pow2_parts(64) == [(0, 64)]
-    dy, kernel, pre = (jax.random.normal(jax.random.key(k), shape) for k, shape in
-                       ((6, (2, 128, 160)), (7, (256, 160)), (8, (2, 128, 256))))
-    want = network.masked_matmul(dy, kernel, pre)
-    assert jnp.allclose(network.masked_matmul_kernel(dy, kernel, pre, interpret=True), want, rtol=1e-5, atol=1e-5)
-    batched = jax.vmap(lambda d, p: network.masked_matmul_kernel(d, kernel, p, interpret=True))(dy, pre)
-    assert jnp.allclose(batched, want, rtol=1e-5, atol=1e-5) and bool((want == 0).any())
-    odd = (dy[:, :100], kernel, pre[:, :100])  # 200 rows: not whole tiles, the plain select
-    assert jnp.array_equal(network.masked_matmul_kernel(*odd, interpret=True), network.masked_matmul(*odd))
-
-
 def test_repeated_mixers_have_their_own_weights():
     spec = ModelSpec(8, 4, 2, 1, (("LINEAR", "LINEAR"),))
     params = nn.meta.unbox(network.init_params(spec, jax.random.key(0)))["layer_0"]

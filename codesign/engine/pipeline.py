@@ -126,7 +126,7 @@ def stage_programs(job: Job, plan: Plan, index: int, activations: NamedSharding,
                    grad_shardings: dict) -> tuple[Callable, Callable]:
     """The stage's (forward, backward) functions, to be jitted; see the module docstring."""
     stage, last = plan.stages[index], index == len(plan.stages) - 1
-    apply = programs.apply_groups(job, stage.groups, plan.remat, stage.dp * stage.op == 1)
+    apply = programs.apply_groups(job, stage.groups, plan.remat)
     dtype = programs.DTYPES[job.training.precision]
     layout = _VjpLayout()
 

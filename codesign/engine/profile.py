@@ -563,7 +563,7 @@ class OneMixerLayer(nn.Module):
     @nn.compact
     def __call__(self, z: jax.Array) -> jax.Array:
         spec = ModelSpec(self.f_in, self.emb, self.out, 1, (self.kinds,))
-        return network.ZhenBlock(spec, 0, self.dtype, local=True)((z, None))[1]  # as a one-device stage runs it
+        return network.ZhenBlock(spec, 0, self.dtype)((z, None))[1]
 
 
 def bandwidth(repeats: int, size: int = 2**21) -> Bench[float]:

@@ -222,13 +222,12 @@ class StartingValues:
 JOB_VALUES = StartingValues()
 
 
-def apply_groups(job: Job, groups: tuple[tuple[int, ...], ...], remat: bool, local: bool = False):
-    """(params, carry) -> carry through the layer groups, each group a jax.checkpoint region with
-    remat; `local`: the stage is one device (network.EncoderLayer.local)."""
+def apply_groups(job: Job, groups: tuple[tuple[int, ...], ...], remat: bool):
+    """(params, carry) -> carry through the layer groups, each group a jax.checkpoint region with remat."""
     dtype = DTYPES[job.training.precision]
 
     def apply_group(layers, params, carry):
-        return network.apply_layers(job.model, params, carry, layers, dtype, job.training.fold_dot, local)
+        return network.apply_layers(job.model, params, carry, layers, dtype, job.training.fold_dot)
 
     run = jax.checkpoint(apply_group, static_argnums=0) if remat else apply_group
 

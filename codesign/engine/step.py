@@ -139,9 +139,9 @@ class SingleStage:
         return values if self.view is None else self.view.tree(values)
 
 
-def loss_fn(job: Job, groups: tuple[tuple[int, ...], ...], remat: bool, local: bool = False) -> Callable:
+def loss_fn(job: Job, groups: tuple[tuple[int, ...], ...], remat: bool) -> Callable:
     """Mean squared error of ZHEN applied group by group, each group optionally rematerialised."""
-    apply = programs.apply_groups(job, groups, remat, local)
+    apply = programs.apply_groups(job, groups, remat)
 
     def loss(params, x, y):
         _, out = apply(params, (x.astype(programs.DTYPES[job.training.precision]), None))
@@ -228,7 +228,7 @@ def compile_single_stage(job: Job, plan: Plan, mesh: Mesh) -> CompiledStage:
     stage = plan.stages[0]
     abstract, shardings = programs.stage_parameters(job, plan, stage, mesh)
     described = programs.describe_shardings(shardings, programs.gradient_shardings(plan, shardings, abstract))
-    loss = loss_fn(job, stage.groups, plan.remat, mesh.size == 1)
+    loss = loss_fn(job, stage.groups, plan.remat)
     flat = FLAT_STATE.get(mesh.devices.flat[0].platform, False)
     whole_leaf = WHOLE_LEAF if programs.DTYPES[job.training.precision] == jnp.float32 else math.inf
     view = FlatView.of(abstract, whole_leaf) if flat and replicated(shardings) and not plan.reduce_scatter else None

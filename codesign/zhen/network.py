@@ -185,110 +185,18 @@ class BiasInMatmulDense(nn.Module):
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
-        return jax.lax.platform_dependent(*_dense_operands(self, x), cpu=bias_after_matmul, default=bias_in_matmul)
-
-
-def _dense_operands(dense: BiasInMatmulDense | ReluDense, x: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """(x, kernel, bias) in the module's dtype, its parameters named and initialised as nn.Dense's
-    (called inside its compact __call__)."""
-    kernel = dense.param("kernel", nn.with_logical_partitioning(nn.initializers.lecun_normal(), dense.axes),
-                         (x.shape[-1], dense.features))
-    bias = dense.param("bias", nn.with_logical_partitioning(nn.initializers.zeros_init(), dense.axes[1:]),
-                       (dense.features,))
-    return x.astype(dense.dtype), kernel.astype(dense.dtype), bias.astype(dense.dtype)
-
-
-# The encoder FFN's ReLU backward inside its matmul (ReluDense: one Pallas kernel on a GPU) on
-# one-device stages. Off: XLA's H100 HLO of the seed step moves 1.4 GB less in bf16 (22.56 GB
-# against 23.97) and 2.8 GB less in fp32 (38.09 against 40.90), but on one H200 (seed, batch 1024,
-# same run, bench_step.py --rows project-fused-relu) the step took 8.95 ms against 9.02 in bf16
-# (0.8% less; kernels busy 8.34 against 8.46) but 16.86 against 16.55 in fp32 (1.9% more): its
-# Triton kernel (0.67 ms a step in bf16) gains little over the GEMM and select. On CPU, where it is the plain
-# select, the small model's fp32 step took 490 ms against 375.
-FUSED_RELU_BACKWARD = False
-RELU_TILE = 128  # rows and columns of dpre a program of the fused kernel writes
-
-
-def masked_matmul(dy: jax.Array, kernel: jax.Array, pre: jax.Array) -> jax.Array:
-    """(dy @ kernel^T) where pre > 0, else 0: the gradient of pre through relu(pre) @ kernel."""
-    return jnp.where(pre > 0, dy @ kernel.T, 0).astype(pre.dtype)
-
-
-def _pow2_parts(k: int) -> list[tuple[int, int]]:
-    """k's binary decomposition as (start, size) chunks, largest first: Pallas' Triton lowering
-    takes power-of-two blocks only (160 = 128 + 32)."""
-    sizes = [1 << bit for bit in reversed(range(k.bit_length())) if k & (1 << bit)]
-    return [(sum(sizes[:i]), size) for i, size in enumerate(sizes)]
-
-
-def masked_matmul_kernel(dy: jax.Array, kernel: jax.Array, pre: jax.Array, interpret: bool = False) -> jax.Array:
-    """masked_matmul as one Pallas (Triton) kernel: each program computes a tile of dy @ kernel^T
-    and writes it masked, where XLA:GPU writes the matmul's B x T x 2048 product and reads it back
-    with pre in a select (672 MB a seed layer in bf16 against 365, XLA's H100 HLO). Shapes it
-    cannot tile (rows or columns not multiples of RELU_TILE, K not of 16) take masked_matmul."""
-    from jax.experimental import pallas as pl
-    from jax.experimental.pallas import triton as pallas_triton
-
-    lead, (k, n) = pre.shape[:-1], kernel.shape[::-1]
-    m = math.prod(lead)
-    if m % RELU_TILE or n % RELU_TILE or k % 16:
-        return masked_matmul(dy, kernel, pre)
-    parts = _pow2_parts(k)
-
-    def tile(*refs):
-        dys, kernels, pre_tile, out = refs[:len(parts)], refs[len(parts):-2], refs[-2], refs[-1]
-        acc = sum(jnp.dot(a[...], b[...].T, preferred_element_type=jnp.float32) for a, b in zip(dys, kernels))
-        out[...] = jnp.where(pre_tile[...] > 0, acc, 0).astype(out.dtype)
-
-    t = RELU_TILE
-    specs = ([pl.BlockSpec((t, size), lambda i, j, c=start // size: (i, c)) for start, size in parts]
-             + [pl.BlockSpec((t, size), lambda i, j, c=start // size: (j, c)) for start, size in parts]
-             + [pl.BlockSpec((t, t), lambda i, j: (i, j))])
-    masked = pl.pallas_call(tile, out_shape=jax.ShapeDtypeStruct((m, n), pre.dtype), grid=(m // t, n // t),
-                            in_specs=specs, out_specs=pl.BlockSpec((t, t), lambda i, j: (i, j)), interpret=interpret,
-                            compiler_params=None if interpret else pallas_triton.CompilerParams(num_warps=8,
-                                                                                                num_stages=1))
-    flat_dy = dy.reshape(m, k)
-    return masked(*[flat_dy] * len(parts), *[kernel] * len(parts), pre.reshape(m, n)).reshape(pre.shape)
-
-
-@jax.custom_vjp
-def relu_dense(pre: jax.Array, kernel: jax.Array, bias: jax.Array) -> jax.Array:
-    """relu(pre) @ kernel + bias, with pre's gradient masked_matmul_kernel on GPUs."""
-    return jax.nn.relu(pre) @ kernel + bias
-
-
-def _relu_dense_forward(pre, kernel, bias):
-    return relu_dense(pre, kernel, bias), (pre, kernel)
-
-
-def _relu_dense_backward(residuals, dy):
-    pre, kernel = residuals
-    d_pre = jax.lax.platform_dependent(dy, kernel, pre, cuda=masked_matmul_kernel, default=masked_matmul)
-    d_kernel = jnp.einsum("...h,...d->hd", jax.nn.relu(pre), dy)
-    return d_pre, d_kernel, dy.sum(axis=tuple(range(dy.ndim - 1)))
-
-
-relu_dense.defvjp(_relu_dense_forward, _relu_dense_backward)
-
-
-class ReluDense(nn.Module):
-    """Dense(relu(x)), as nn.Dense names and initialises its parameters, its backward relu_dense's."""
-
-    features: int
-    axes: tuple[str | None, str | None]
-    dtype: jnp.dtype = jnp.float32
-
-    @nn.compact
-    def __call__(self, pre: jax.Array) -> jax.Array:
-        return relu_dense(*_dense_operands(self, pre))
+        kernel = self.param("kernel", nn.with_logical_partitioning(nn.initializers.lecun_normal(), self.axes),
+                            (x.shape[-1], self.features))
+        bias = self.param("bias", nn.with_logical_partitioning(nn.initializers.zeros_init(), self.axes[1:]),
+                          (self.features,))
+        operands = (x.astype(self.dtype), kernel.astype(self.dtype), bias.astype(self.dtype))
+        return jax.lax.platform_dependent(*operands, cpu=bias_after_matmul, default=bias_in_matmul)
 
 
 class EncoderLayer(nn.Module):
     """Post-norm Transformer encoder layer: one head, ReLU FFN, qkv without bias."""
 
     dtype: jnp.dtype = jnp.float32
-    local: bool = False  # on a one-device stage: its FFN may run a kernel XLA cannot partition (ReluDense)
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
@@ -301,10 +209,7 @@ class EncoderLayer(nn.Module):
         ffn1 = (BiasInMatmulDense(FFN_HIDDEN, ("embed", "mlp"), self.dtype, name="ffn1") if BIAS_IN_MATMUL
                 else _dense(FFN_HIDDEN, ("embed", "mlp"), self.dtype, "ffn1"))
         ff = ffn1(x)
-        if FUSED_RELU_BACKWARD and self.local:
-            ff = ReluDense(d, ("mlp", "embed"), self.dtype, name="ffn2")(ff)
-        else:
-            ff = _dense(d, ("mlp", "embed"), self.dtype, "ffn2")(nn.relu(ff))
+        ff = _dense(d, ("mlp", "embed"), self.dtype, "ffn2")(nn.relu(ff))
         return nn.LayerNorm(dtype=self.dtype, name="norm2")(x + ff)
 
 
@@ -314,11 +219,10 @@ class AttentionMixer(nn.Module):
     f_in: int
     out: int
     dtype: jnp.dtype = jnp.float32
-    local: bool = False
 
     def setup(self):
         self.fc = FeatureFc(self.f_in, self.out)
-        self.encoder = EncoderLayer(self.dtype, self.local)
+        self.encoder = EncoderLayer(self.dtype)
 
     def __call__(self, tokens: jax.Array) -> jax.Array:
         return self.encoder(tokens)
@@ -412,14 +316,14 @@ class ConvolutionMixer(nn.Module):
         return _dense(self.out, ("features", None), self.dtype, "fc")(y).transpose(0, 2, 1)
 
 
-def _mixer(kind: str, spec: ModelSpec, f_in: int, dtype, name: str, fold_dot: bool, local: bool) -> nn.Module:
+def _mixer(kind: str, spec: ModelSpec, f_in: int, dtype, name: str, fold_dot: bool) -> nn.Module:
     o, d = spec.output_per_emb, spec.emb_dim
     if kind == "DOT":
         return DotMixer(o, d, dtype, fold_dot, name=name)
     if kind == "LINEAR":
         return LinearMixer(f_in, o, name=name)
     if kind == "ATTENTION":
-        return AttentionMixer(f_in, o, dtype, local, name=name)
+        return AttentionMixer(f_in, o, dtype, name=name)
     return ConvolutionMixer(o, dtype, name=name)
 
 
@@ -443,7 +347,6 @@ class ZhenBlock(nn.Module):
     index: int
     dtype: jnp.dtype = jnp.float32
     fold_dot: bool = False  # True: the DOT mixer over the Gram's upper blocks (FoldedPairsDense)
-    local: bool = False  # the stage is one device (EncoderLayer.local)
 
     @nn.compact
     def __call__(self, carry: Carry) -> Carry:
@@ -455,7 +358,7 @@ class ZhenBlock(nn.Module):
             if skip != f_in:
                 prev_in = _dense(f_in, ("features", None), self.dtype, "skip")(prev_in)
             z = prev_out + prev_in
-        mixers = [_mixer(kind, self.spec, f_in, self.dtype, f"mixer_{j}_{kind.lower()}", self.fold_dot, self.local)
+        mixers = [_mixer(kind, self.spec, f_in, self.dtype, f"mixer_{j}_{kind.lower()}", self.fold_dot)
                   for j, kind in enumerate(self.spec.tokens[self.index])]
         out = {m.name: m(z) for m in mixers if not isinstance(m, _PROJECTING)}
         attention = [m for m in mixers if isinstance(m, AttentionMixer)]
@@ -479,8 +382,7 @@ class ZhenBlock(nn.Module):
             return [m(t) for m, t in zip(attention, jnp.split(tokens, k, axis=1))]
         params = [nn.meta.unbox(self.variables["params"][m.name]["encoder"]) for m in attention]
         stacked = jax.tree.map(lambda *p: jnp.stack(p), *params)
-        encode = jax.vmap(lambda p, t: EncoderLayer(self.dtype, self.local).apply({"params": p}, t),
-                          in_axes=(0, 1), out_axes=1)
+        encode = jax.vmap(lambda p, t: EncoderLayer(self.dtype).apply({"params": p}, t), in_axes=(0, 1), out_axes=1)
         b, _, d = tokens.shape
         encoded = encode(stacked, tokens.reshape(b, k, -1, d))
         return jnp.split(encoded.reshape(b, -1, d), k, axis=1)
@@ -504,13 +406,13 @@ def _input_carry(spec: ModelSpec, i: int, batch: int) -> Carry:
 
 
 def apply_layers(spec: ModelSpec, params: dict, carry: Carry, layers: Sequence[int],
-                 dtype=jnp.float32, fold_dot: bool = False, local: bool = False) -> Carry:
+                 dtype=jnp.float32, fold_dot: bool = False) -> Carry:
     for i in layers:
-        carry = ZhenBlock(spec, i, dtype, fold_dot, local).apply({"params": params[f"layer_{i}"]}, carry)
+        carry = ZhenBlock(spec, i, dtype, fold_dot).apply({"params": params[f"layer_{i}"]}, carry)
     return carry
 
 
 def forward(spec: ModelSpec, params: dict, x: jax.Array, dtype=jnp.float32,
-            fold_dot: bool = False, local: bool = False) -> jax.Array:
-    _, out = apply_layers(spec, params, (x, None), range(spec.num_zhen_layers), dtype, fold_dot, local)
+            fold_dot: bool = False) -> jax.Array:
+    _, out = apply_layers(spec, params, (x, None), range(spec.num_zhen_layers), dtype, fold_dot)
     return out.reshape(out.shape[0], -1)
