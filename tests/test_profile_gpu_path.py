@@ -151,6 +151,31 @@ def test_with_pair_the_later_widths_time_two_vmapped_encoders_as_the_engine_call
     assert mixer_section("ATTENTION", "fp32", dataclasses.replace(two, pair=False)).kinds == ["ATTENTION"] * 4
 
 
+def test_the_carries_are_patterned_values_without_a_random_generator(tiny):
+    """The init programs fill the carries from a sine pattern, not the model's random initialisers
+    (a third of the fusions, a fifth of the compile on this CPU): finite, varied, each leaf its own."""
+    import re
+
+    import jax
+    import jax.numpy as jnp
+
+    from codesign.engine.profile import mixer_section, pattern
+
+    section = mixer_section("ATTENTION", "bf16", tiny)
+    compiled = section.init.compile()
+    assert "rng" not in compiled.as_text() and "threefry" not in compiled.as_text()
+    params, z, cotangent = compiled()[1][:3]
+    leaves = jax.tree.leaves(params)
+    assert all(bool(jnp.isfinite(leaf.astype(jnp.float32)).all()) for leaf in leaves)
+    assert all(float(jnp.abs(leaf.astype(jnp.float32)).max()) <= 0.0501 for leaf in leaves)
+    kernels = [leaf for leaf in leaves if leaf.ndim == 2 and leaf.size > 16]
+    assert len({tuple(np.asarray(k.astype(jnp.float32)).ravel()[:8]) for k in kernels}) == len(kernels)
+    assert z.dtype == jnp.bfloat16 and cotangent.dtype == jnp.float32 and float(jnp.std(cotangent)) > 0.5
+    expected = np.sin(np.arange(6) * 0.7548776662).reshape(2, 3)
+    assert np.allclose(pattern(jax.ShapeDtypeStruct((2, 3), jnp.float32), 0), expected, atol=1e-6)
+    assert not re.search(r"\bthreefry2x32\b", section.init.as_text())
+
+
 def test_the_pair_is_timed_unless_the_environment_says_0(monkeypatch):
     from codesign.engine.profile import GPU_LOOPS, PAIR_ENV, loop_sizes
 
