@@ -95,8 +95,8 @@ def test_mixer_points_are_forward_and_backward_seconds_by_flops(tiny):
     from codesign.engine.profile import compile_side_by_side, mixer_points, mixer_section, points_rate
 
     sections = {kind: mixer_section(kind, "fp32", tiny) for kind in ("ATTENTION", "DOT")}
-    programs = compile_side_by_side({(kind, part): getattr(section, part).compile for kind, section in sections.items()
-                                     for part in ("lowered", "init")})
+    programs = compile_side_by_side(((kind, part), getattr(section, part).compile) for kind, section in sections.items()
+                                    for part in ("lowered", "init"))
     dot = mixer_points((programs["DOT", "lowered"], programs["DOT", "init"]), sections["DOT"], tiny)
     assert [w for w, _ in dot["forward"]] == sorted(sections["DOT"].work)
     found = mixer_points((programs["ATTENTION", "lowered"], programs["ATTENTION", "init"]), sections["ATTENTION"], tiny)
@@ -229,7 +229,7 @@ def test_sections_are_saved_as_they_come_and_a_rerun_measures_only_what_is_missi
         raise AssertionError("a section of the parts file was measured again")
 
     monkeypatch.setattr(engine, "mixer_section", fake_section)
-    monkeypatch.setattr(engine, "compile_side_by_side", lambda lowered: {name: None for name in lowered})
+    monkeypatch.setattr(engine, "compile_side_by_side", lambda lowered: {name: None for name, _ in lowered})
     monkeypatch.setattr(engine, "mixer_points", lambda program, section, sizes: points)
     for name in ("matmul_rates", "stream_bandwidth", "dispatch_time", "update_scratch", "collective_times"):
         monkeypatch.setattr(engine, name, never)

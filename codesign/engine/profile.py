@@ -38,7 +38,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable, Generator, Sequence, TypeVar
+from typing import Any, Callable, Generator, Iterable, Iterator, Sequence, TypeVar
 
 import flax.linen as nn
 import jax
@@ -321,10 +321,11 @@ def backward_loss(module: nn.Module) -> Callable[[Any, jax.Array, jax.Array], ja
     return lambda p, x, r: jnp.sum(module.apply(p, x).astype(jnp.float32) * r)
 
 
-def compile_side_by_side(compiles: dict[Any, Callable[[], Any]]) -> dict[Any, Any]:
-    """Each program compiled (`compiles`: a lowered program's compile, options bound), several at
-    once: XLA compiles (and autotunes) outside the GIL, and on a GPU compiling is most of a
-    profile's time (one section after another, the two DOT sections alone took 80 s on an H100)."""
+def compile_side_by_side(compiles: Iterable[tuple[Any, Callable[[], Any]]]) -> dict[Any, Any]:
+    """Each program compiled (`compiles`: (name, a lowered program's compile, options bound)), several
+    at once: XLA compiles (and autotunes) outside the GIL, and on a GPU compiling is most of a
+    profile's time (one section after another, the two DOT sections alone took 80 s on an H100).
+    Each is compiled as soon as `compiles` yields it: the next is traced while it compiles."""
     start, spans = time.perf_counter(), {}
 
     def compile_one(name: Any, compile_program: Callable[[], Any]) -> Any:
@@ -333,8 +334,8 @@ def compile_side_by_side(compiles: dict[Any, Callable[[], Any]]) -> dict[Any, An
         spans[name] = (begin - start, time.perf_counter() - begin)
         return done
 
-    with ThreadPoolExecutor(max_workers=max(1, min(len(compiles), os.cpu_count() or 1))) as pool:
-        futures = {name: pool.submit(compile_one, name, program) for name, program in compiles.items()}
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        futures = {name: pool.submit(compile_one, name, program) for name, program in compiles}
         done = {name: future.result() for name, future in futures.items()}
     if done:
         log.info("  (%d programs compiled side by side in %.1f s; %s)", len(done), time.perf_counter() - start,
@@ -446,6 +447,26 @@ def fitted_link(found: dict[str, list[list[float]]], n: int) -> Link:
     return Link(1 / max(inverse, 1e-15), max(latency, 1e-7))
 
 
+def lowered_programs(parts: Parts, sizes: LoopSizes,
+                     sections: dict[str, MixerSection]) -> Iterator[tuple[tuple[str, str], Callable[[], Any]]]:
+    """The compiles of the mixer sections not yet in `parts` (each section kept in `sections` as it
+    is lowered) and of the scratch step, whose memory analysis alone is read."""
+    lowering = 0.0
+    for precision in DTYPES:
+        for kind in (*MIXERS, LAYER):
+            name = f"{precision} {kind}"
+            if name in parts.data:
+                continue
+            begin = time.perf_counter()
+            sections[name] = section = mixer_section(kind, precision, sizes)
+            lowering += time.perf_counter() - begin
+            yield (name, "lowered"), section.lowered.compile
+            yield (name, "init"), section.init.compile
+    log.info("  (%d mixer sections traced and lowered in %.1f s, beside the compiles)", len(sections), lowering)
+    if "scratch" not in parts.data:
+        yield ("scratch", "step"), functools.partial(scratch_step(sizes.widths[0]).compile, run_once_options())
+
+
 def loop_profile(parts: Parts, sizes: LoopSizes) -> DeviceProfile:
     """A GPU's profile (or, with small sizes, the same path on CPU) from loop-timed sections."""
     device, n = jax.devices()[0], len(jax.devices())
@@ -456,15 +477,8 @@ def loop_profile(parts: Parts, sizes: LoopSizes) -> DeviceProfile:
              stream_bytes(sizes.stream) / 2**30)
     dispatch = parts.get("dispatch", lambda: measured(dispatch_time(5, FLAT_STEP_ARRAYS)))
     log.info("  dispatch: %.1f us per call of a program of %d arrays", dispatch * 1e6, FLAT_STEP_ARRAYS)
-    names = {f"{precision} {kind}": (kind, precision) for precision in DTYPES for kind in (*MIXERS, LAYER)}
-    lowering = time.perf_counter()
-    sections = {name: mixer_section(*key, sizes) for name, key in names.items() if name not in parts.data}
-    log.info("  (%d mixer sections traced and lowered in %.1f s)", len(sections), time.perf_counter() - lowering)
-    compiles = {(name, part): getattr(section, part).compile for name, section in sections.items()
-                for part in ("lowered", "init")}
-    if "scratch" not in parts.data:  # compiled beside the mixers: only its memory analysis is read
-        compiles["scratch", "step"] = functools.partial(scratch_step(sizes.widths[0]).compile, run_once_options())
-    programs = compile_side_by_side(compiles)
+    sections: dict[str, MixerSection] = {}
+    programs = compile_side_by_side(lowered_programs(parts, sizes, sections))
     rates = []
     for precision in DTYPES:
         table = []
