@@ -304,7 +304,7 @@ def mixer_section(kind: str, precision: str, sizes: LoopSizes) -> MixerSection:
 def pattern(like: Any, seed: int, scale: float = 1.0, dtype: Any = None) -> jax.Array:
     """Values of `like`'s shape (and dtype) up to `scale`, without a random generator: a timed
     matmul's speed does not depend on them, and the init programs drawing the model's random
-    initialisers had 3-4x the fusions (201 for ATTENTION's) and took 5x as long to compile."""
+    initialisers had 3-4x the fusions (201 for ATTENTION's) and took 5x as long to compile on CPU."""
     count = math.prod(like.shape)
     values = jnp.sin(jnp.arange(count, dtype=jnp.float32) * 0.7548776662 + seed) * scale
     return values.reshape(like.shape).astype(dtype or like.dtype)
@@ -315,7 +315,7 @@ def zeros(like: Any) -> jax.Array:
 
 
 def backward_loss(module: nn.Module) -> Callable[[Any, jax.Array, jax.Array], jax.Array]:
-    """The mixer's output against a random cotangent, as a step's backward gets one: against the
+    """The mixer's output against a varied cotangent (`pattern`), as a step's backward gets one: against the
     ones of a plain sum, XLA turned an H100's bf16 skip projection's matmul gradients into row
     sums (14 us for 1.7e11 FLOPs), so the profile priced them at nothing."""
     return lambda p, x, r: jnp.sum(module.apply(p, x).astype(jnp.float32) * r)
