@@ -302,11 +302,16 @@ def mixer_section(kind: str, precision: str, sizes: LoopSizes) -> MixerSection:
 
 
 def pattern(like: Any, seed: int, scale: float = 1.0, dtype: Any = None) -> jax.Array:
-    """Values of `like`'s shape (and dtype) up to `scale`, without a random generator: a timed
-    matmul's speed does not depend on them, and the init programs drawing the model's random
-    initialisers had 3-4x the fusions (201 for ATTENTION's) and took 5x as long to compile on CPU."""
-    count = math.prod(like.shape)
-    values = jnp.sin(jnp.arange(count, dtype=jnp.float32) * 0.7548776662 + seed) * scale
+    """Values of `like`'s shape (and dtype), uniform in [-scale, scale), from an integer hash of
+    each index (lowbias32) instead of JAX's random generator: the init programs drawing the model's
+    random initialisers had 3-4x the fusions (201 for ATTENTION's) and took 5x as long to compile
+    on CPU. The bits still look random: a GPU's matmul can draw less power, and so run faster, on
+    smooth or sparse data than on the data a step sees."""
+    x = jnp.arange(math.prod(like.shape), dtype=jnp.uint32) + jnp.uint32((seed * 0x9E3779B9) % 2**32)
+    for shift, factor in ((16, 0x7FEB352D), (15, 0x846CA68B)):
+        x = (x ^ (x >> shift)) * jnp.uint32(factor)
+    x = x ^ (x >> 16)
+    values = ((x >> 8).astype(jnp.float32) * 2.0**-23 - 1.0) * scale
     return values.reshape(like.shape).astype(dtype or like.dtype)
 
 
