@@ -60,6 +60,7 @@ from codesign.engine import programs
 from codesign.engine import step as single_stage
 from codesign.engine.job import build_training, configure_jax
 from codesign.planner.plan import MESH_AXES, make_plan
+from codesign.planner.profiles import builtin_kind
 from codesign.spec.types import ClusterSpec, Job, ModelSpec, ParallelSpec, TrainingSpec
 from codesign.zhen import counts, network
 
@@ -286,12 +287,8 @@ def trace_table(run: Callable[[], None], log_dir: Path, steps: int) -> kernel_ta
 
 def device_rooflines(hlo: str) -> dict[str, float] | None:
     """The HLO's kernels' rooflines on this GPU, where hlo_kernels knows its kind (None elsewhere)."""
-    kind = jax.devices()[0].device_kind
-    known = next((name for name in hlo_kernels.GPU_ROOFLINES if name.lower() in kind.lower()), None)
-    if known is None:
-        return None
-    bandwidth, rates = hlo_kernels.GPU_ROOFLINES[known]
-    return hlo_kernels.rooflines(hlo_kernels.entry_kernels(hlo), bandwidth, rates)
+    known = hlo_kernels.GPU_ROOFLINES.get(builtin_kind(jax.devices()[0].device_kind) or "")
+    return hlo_kernels.rooflines(hlo_kernels.entry_kernels(hlo), *known) if known else None
 
 
 def _row(name: str, model: ModelSpec, precision: str, batch: int, r: dict, hlo: bool) -> str:

@@ -64,10 +64,11 @@ def array_bytes(shape: str) -> int:
 
 
 def _elements(dims: str) -> int:
-    count = 1
-    for dim in filter(None, dims.split(",")):
-        count *= int(dim)
-    return count
+    return math.prod(_ints(dims))
+
+
+def _ints(dims: str) -> list[int]:
+    return [int(d) for d in dims.split(",") if d]
 
 
 def computations(hlo: str) -> tuple[list[str], dict[str, list[str]]]:
@@ -120,7 +121,7 @@ def _shapes(lines: list[str]) -> dict[str, str]:
 
 def _dims(shape: str) -> list[int]:
     arrays = _ARRAY.findall(shape)
-    return [int(d) for d in arrays[0][1].split(",") if d] if arrays else []
+    return _ints(arrays[0][1]) if arrays else []
 
 
 def _matmul(lhs_shape: str, out_shape: str, contracting: str) -> tuple[int, str]:

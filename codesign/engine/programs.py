@@ -103,7 +103,8 @@ def init_state(job: Job, stage: StagePlan, optimizer: optax.GradientTransformati
     gradient accumulator. The whole slice sits on one device until it is placed."""
     params = initial(job.model, stage.layers, job.training.seed)
     # where `view` flattens them, every parameter is replicated, as each of its arrays is
-    placement = shardings[0] if view is None else jax.tree.map(lambda _: jax.tree.leaves(shardings[0])[0], params)
+    replicated = jax.tree.leaves(shardings[0])[0]
+    placement = shardings[0] if view is None else jax.tree.map(lambda _: replicated, params)
     params = jax.device_put(params, placement)
 
     def init(params):
