@@ -210,6 +210,36 @@ def test_past_the_largest_point_the_rate_is_that_widths_own_marginal_rate():
     assert [inner_count(f) for f in (1e3, 2e11 / 8, 2e11, 1e12)] == [64, 8, 4, 4]
 
 
+def test_each_sections_programs_are_handed_to_the_compiler_before_the_next_section_is_traced(tmp_path, tiny,
+                                                                                             monkeypatch):
+    """lowered_programs yields a section's two compiles as soon as it is lowered (compile_side_by_side
+    starts them while the next is traced), skips the sections the parts file holds, and ends with
+    the scratch step."""
+    from codesign.engine import profile as engine
+
+    events = []
+
+    def fake_section(kind, precision, sizes):
+        events.append(f"trace {precision} {kind}")
+        return SimpleNamespace(lowered=SimpleNamespace(compile=f"{precision} {kind} loop"),
+                               init=SimpleNamespace(compile=f"{precision} {kind} init"))
+
+    monkeypatch.setattr(engine, "mixer_section", fake_section)
+    monkeypatch.setattr(engine, "scratch_step", lambda widths: SimpleNamespace(compile=lambda options: "scratch"))
+    parts = engine.Parts(tmp_path / "p.json.parts")
+    parts.data["fp32 DOT"] = {}
+    sections = {}
+    programs = []
+    for name, program in engine.lowered_programs(parts, tiny, sections):
+        events.append(f"compile {' '.join(name)}")
+        programs.append(program)
+    names = [f"{p} {k}" for p in ("fp32", "bf16") for k in (*MIXERS, LAYER) if f"{p} {k}" != "fp32 DOT"]
+    assert events == [e for name in names for e in (f"trace {name}", f"compile {name} lowered", f"compile {name} init")
+                      ] + ["compile scratch step"]
+    assert sorted(sections) == sorted(names) and programs[:2] == ["fp32 LINEAR loop", "fp32 LINEAR init"]
+    assert programs[-1]() == "scratch"
+
+
 def test_sections_are_saved_as_they_come_and_a_rerun_measures_only_what_is_missing(tmp_path, tiny, monkeypatch):
     from codesign.engine import profile as engine
 
