@@ -10,7 +10,8 @@ Rows per precision and batch (--rows, in this order): `project` (the step codesi
 inside it: network.BIAS_IN_MATMUL; on CPU the two rows are one program), `project-serial` (its ATTENTION encoders one after another
 instead of one vmapped encoder per layer), `project-flat` and `project-leaves` (parameters and Adam's state as flat vectors,
 engine.step.FlatView, or one array per leaf: the default is flat on a GPU, per leaf on CPU), `project-one-vector`
-(flat, with no leaf kept whole beside the vector: engine.step.WHOLE_LEAF, fp32 only), `project-fold` (with fold_dot, the DOT mixer over the Gram's upper blocks) and `reference`
+(flat, with no leaf kept whole beside the vector: engine.step.WHOLE_LEAF), `project-whole-leaf` (fp32's
+large leaves kept whole in every precision: in bf16 its Adam update over the DOT kernel a kernel of its own), `project-fold` (with fold_dot, the DOT mixer over the Gram's upper blocks) and `reference`
 (reference_step.py: jax.numpy from DESIGN.md, optax.adam, one jit), then project/reference.
 `step ms` is the median of synchronised steps (what a sweep records); `loop ms` the mean of steps
 dispatched back to back with one sync at the end (a training loop's pace). TFLOP/s are model
@@ -72,7 +73,7 @@ WARMUP = 2
 TRACE_STEPS = 5  # at most, after the timed ones: enough to see every kernel, few enough to read the trace
 STEP_NAME = "bench_step"  # the StepTraceAnnotation that marks a traced step
 ROWS = ("project", "project-bias-add", "project-serial", "project-flat", "project-leaves", "project-one-vector",
-        "project-fold", "reference")
+        "project-whole-leaf", "project-fold", "reference")
 # GPUs --target compiles for without one: XLA's description of the device (GpuTargetConfigProto,
 # text), data-sheet figures; its memory_bandwidth prices the HLO's traffic table.
 TARGETS = {"h100": Path(__file__).with_name("h100_target.txtpb")}
@@ -131,8 +132,9 @@ def as_row(row: str, build: Callable[[bool], Any]) -> Any:
     network.BATCH_ENCODERS, network.BIAS_IN_MATMUL = row != "project-serial", row != "project-bias-add"
     if row in ("project-flat", "project-leaves", "project-one-vector"):
         single_stage.FLAT_STATE = dict.fromkeys(single_stage.FLAT_STATE, row != "project-leaves")
-    if row == "project-one-vector":
-        single_stage.WHOLE_LEAF = math.inf
+    if row in ("project-one-vector", "project-whole-leaf"):
+        threshold = math.inf if row == "project-one-vector" else single_stage.WHOLE_LEAF["fp32"]
+        single_stage.WHOLE_LEAF = dict.fromkeys(single_stage.WHOLE_LEAF, threshold)
     try:
         return build(row == "project-fold")
     finally:

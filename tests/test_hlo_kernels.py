@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import math
 import subprocess
 import sys
 
@@ -146,3 +147,19 @@ def test_a_bench_step_row_that_fails_is_one_line_and_the_other_rows_still_run(hl
         "reference ran",
         "# bf16 batch 8: project/reference 1.30x in samples/s"]
     assert "Traceback" in err and "second line" in err
+
+
+def test_the_whole_leaf_rows_set_each_precisions_threshold_while_building_and_restore_it(hlo_kernels):
+    """`project-whole-leaf` keeps fp32's large leaves whole in bf16 too, `project-one-vector` none in
+    either; the step's own per-precision thresholds are back once the row is built."""
+    import bench_step
+
+    from codesign.engine import step
+
+    default = dict(step.WHOLE_LEAF)
+    seen = {row: bench_step.as_row(row, lambda fold: (dict(step.WHOLE_LEAF), dict(step.FLAT_STATE)))
+            for row in ("project", "project-whole-leaf", "project-one-vector")}
+    assert seen["project"] == (default, step.FLAT_STATE) and default["bf16"] == math.inf
+    assert seen["project-whole-leaf"][0] == {"fp32": default["fp32"], "bf16": default["fp32"]}
+    assert seen["project-one-vector"] == ({"fp32": math.inf, "bf16": math.inf}, {"cpu": True, "gpu": True})
+    assert step.WHOLE_LEAF == default

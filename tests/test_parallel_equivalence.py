@@ -31,7 +31,7 @@ result = {name: differences(two_steps(j), reference, live) for name, j in cases.
 from codesign.engine import step
 step.FLAT_STATE = {"cpu": True}  # a GPU's default: replicated state as flat vectors, one gradient all-reduce
 result["dp4 mb4 flat"] = differences(two_steps(job(4, (1, 4, 1), 4)), reference, live)
-step.WHOLE_LEAF = 16 * 16 * 512  # layer 0's DOT kernel beside the vector, as the seed model's in fp32 on a GPU
+step.WHOLE_LEAF = {"fp32": 16 * 16 * 512}  # layer 0's DOT kernel beside the vector, as the seed model's in fp32 on a GPU
 result["dp4 mb4 flat, a leaf whole"] = differences(two_steps(job(4, (1, 4, 1), 4)), reference, live)
 print(json.dumps({"ref": reference["losses"], "live": sum(live), "leaves": len(live), "cases": result}))
 """

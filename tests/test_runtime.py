@@ -1,6 +1,7 @@
 """The job body in this process: the fit check before allocation, and what is measured."""
 
 import dataclasses
+import math
 
 import jax
 import pytest
@@ -68,13 +69,15 @@ def test_an_auto_search_job_without_a_chosen_plan_is_invalid():
         "invalid", "an Auto search spec describes no plan: the toolkit chooses one (planner.auto.choose_plan)")
 
 
-@pytest.mark.parametrize("whole_leaf, precision, whole", [(2**23, "fp32", 0), (2**21, "fp32", 1), (2**21, "bf16", 0)])
+@pytest.mark.parametrize("whole_leaf, precision, whole", [
+    ({"fp32": 2**23, "bf16": math.inf}, "fp32", 0), ({"fp32": 2**21, "bf16": math.inf}, "fp32", 1),
+    ({"fp32": 2**21, "bf16": math.inf}, "bf16", 0), ({"fp32": math.inf, "bf16": 2**21}, "bf16", 1)])
 def test_replicated_parameters_and_adams_state_are_flat_vectors_with_the_same_step(monkeypatch, whole_leaf,
                                                                                    precision, whole):
-    """One device: the step takes 4 arrays of state (parameters, Adam's count and moments) and, in
-    fp32, 3 more per leaf kept whole (the model's DOT kernel of 2^21 elements, with WHOLE_LEAF
-    lowered to it), not one per leaf each; losses, gradients and updated parameters are those of
-    the per-leaf step."""
+    """One device: the step takes 4 arrays of state (parameters, Adam's count and moments) and 3
+    more per leaf kept whole (the model's DOT kernel of 2^21 elements, with its precision's
+    WHOLE_LEAF lowered to it), not one per leaf each; losses, gradients and updated parameters
+    are those of the per-leaf step."""
     from codesign.engine import step as single_stage
     from codesign.engine.profile import FLAT_STEP_ARRAYS
     from tests.reference import assert_matches, differences, live_leaves, two_steps

@@ -32,14 +32,15 @@ from codesign.spec.types import Job
 FLAT_STATE = {"cpu": False, "gpu": True}
 
 
-# Elements from which a leaf stays its own array beside the flat vector (FlatView.whole) in an fp32
-# step: XLA:GPU copies a slice of the vector that a matmul reads as it is, 8 bytes an element of
-# HBM traffic, about 3 us per million at 3e12 B/s, where an array more in the step's call costs the
-# host about 5 us (bench/GPU_RESULTS.md), three of them a leaf (parameters, two moments). The seed
-# model's one such leaf, the first DOT mixer's 134M-row kernel, was a 1.07 GB copy a step (XLA's
-# H100 HLO: bench_step.py --target h100); one H200, seed fp32 batch 1024, same run: 16.55 ms a step
-# against 16.88 with it in the vector. In bf16 its cast reads the slice in place: no leaf whole.
-WHOLE_LEAF = 2**23
+# Elements from which a leaf stays its own array beside the flat vector (FlatView.whole), per
+# precision. In fp32, XLA:GPU copies a slice of the vector that a matmul reads as it is, 8 bytes an
+# element of HBM traffic, about 3 us per million at 3e12 B/s, where an array more in the step's call
+# costs the host about 5 us (bench/GPU_RESULTS.md), three of them a leaf (parameters, two moments).
+# The seed model's one such leaf, the first DOT mixer's 134M-row kernel, was a 1.07 GB copy a step
+# (XLA's H100 HLO: bench_step.py --target h100); one H200, seed fp32 batch 1024, same run: 16.55 ms a
+# step against 16.88 with it in the vector. In bf16 its cast reads the slice in place: no copy to
+# save, and no leaf whole until a GPU says otherwise (bench_step.py's row `project-whole-leaf`).
+WHOLE_LEAF = {"fp32": 2**23, "bf16": math.inf}
 
 
 @dataclass(frozen=True)
@@ -230,8 +231,8 @@ def compile_single_stage(job: Job, plan: Plan, mesh: Mesh) -> CompiledStage:
     described = programs.describe_shardings(shardings, programs.gradient_shardings(plan, shardings, abstract))
     loss = loss_fn(job, stage.groups, plan.remat)
     flat = FLAT_STATE.get(mesh.devices.flat[0].platform, False)
-    whole_leaf = WHOLE_LEAF if programs.DTYPES[job.training.precision] == jnp.float32 else math.inf
-    view = FlatView.of(abstract, whole_leaf) if flat and replicated(shardings) and not plan.reduce_scatter else None
+    flat = flat and replicated(shardings) and not plan.reduce_scatter
+    view = FlatView.of(abstract, WHOLE_LEAF[job.training.precision]) if flat else None
     if view is not None:
         abstract, loss = view.abstract(), view.loss(loss)
         shardings = jax.tree.map(lambda _: NamedSharding(mesh, P()), abstract)
