@@ -57,7 +57,7 @@ import reference_step
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from codesign.engine import programs
+from codesign.engine import profile, programs
 from codesign.engine import step as single_stage
 from codesign.engine.job import build_training, configure_jax
 from codesign.planner.plan import MESH_AXES, make_plan
@@ -184,13 +184,17 @@ def compile_seconds(row: str, model: ModelSpec, batch: int, precision: str) -> f
 
 
 def compile_only(row: str, model_name: str, batch: int, precision: str, cache_dir: str) -> dict:
-    """The --compile-only child: one compile through the persistent cache and what the cache did."""
+    """The --compile-only child: one compile through the persistent cache, what the cache did, and
+    how busy the cores were while the row was built (part 7 of gpu_check.sh: a cold GPU compile
+    that keeps every core busy is the CPU's; one that does not waits on autotuning's GPU runs)."""
     configure_jax(cache_dir)
     events: Counter = Counter()
     jax.monitoring.register_event_listener(lambda event, **_: events.update([event]))
+    cpu, start = profile.cpu_seconds(), time.perf_counter()
     seconds = compile_seconds(row, MODELS[model_name], batch, precision)
     return {"compile_s": seconds, "cache_hits": events["/jax/compilation_cache/cache_hits"],
-            "cache_requests": events["/jax/compilation_cache/compile_requests_use_cache"]}
+            "cache_requests": events["/jax/compilation_cache/compile_requests_use_cache"],
+            "build": profile.cores_busy(profile.cpu_seconds() - cpu, time.perf_counter() - start)}
 
 
 def recompile(row: str, model_name: str, batch: int, precision: str, cache_dir: str) -> dict:

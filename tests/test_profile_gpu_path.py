@@ -3,6 +3,10 @@ OUT.json.parts), run on CPU at small sizes; and measured points, as the cost mod
 
 import dataclasses
 import json
+import logging
+import os
+import re
+import time
 from types import SimpleNamespace
 
 import numpy as np
@@ -196,6 +200,33 @@ def test_compile_spans_list_every_program_in_the_order_it_finished():
     spans = {("fp32", "DOT", "lowered"): (0.0, 9.5), ("fp32", "DOT", "init"): (0.1, 2.0), ("scratch",): (2.2, 3.0)}
     assert compile_spans(spans) == ("in the order done, start+seconds: fp32 DOT init 0.1+2.0, scratch 2.2+3.0, "
                                     "fp32 DOT lowered 0.0+9.5")
+
+
+def test_the_compile_log_says_how_busy_the_cores_were_counting_a_compiler_run_as_a_subprocess(caplog):
+    """CPU seconds of the process's threads and of its finished children (XLA may run ptxas as one):
+    at the core count the profile's compiles wait on the CPU, near one on something else."""
+    import subprocess
+    import sys
+
+    from codesign.engine.profile import compile_side_by_side, cores_busy, cpu_seconds
+
+    before = cpu_seconds()
+    busy_child = "import time\nend = time.process_time() + 0.3\nwhile time.process_time() < end: pass"
+    subprocess.run([sys.executable, "-c", busy_child], check=True)
+    assert cpu_seconds() - before >= 0.3
+    assert cores_busy(30.0, 10.0) == f"30 CPU-s: 3.0 of {os.cpu_count()} cores busy"
+
+    def spin():
+        end = time.process_time() + 0.2
+        while time.process_time() < end:
+            pass
+        return 1
+
+    with caplog.at_level(logging.INFO, logger="codesign.profile"):
+        assert compile_side_by_side([(("a",), spin), (("b",), spin)]) == {("a",): 1, ("b",): 1}
+    busy = re.search(r"2 programs compiled side by side in ([\d.]+) s, (\d+) CPU-s: ([\d.]+) of \d+ cores busy",
+                     caplog.text)
+    assert busy and float(busy[3]) > 0
 
 
 def test_past_the_largest_point_the_rate_is_that_widths_own_marginal_rate():

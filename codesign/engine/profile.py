@@ -331,7 +331,7 @@ def compile_side_by_side(compiles: Iterable[tuple[Any, Callable[[], Any]]]) -> d
     at once: XLA compiles (and autotunes) outside the GIL, and on a GPU compiling is most of a
     profile's time (one section after another, the two DOT sections alone took 80 s on an H100).
     Each is compiled as soon as `compiles` yields it: the next is traced while it compiles."""
-    start, spans = time.perf_counter(), {}
+    start, cpu, spans = time.perf_counter(), cpu_seconds(), {}
 
     def compile_one(name: Any, compile_program: Callable[[], Any]) -> Any:
         begin = time.perf_counter()
@@ -343,9 +343,21 @@ def compile_side_by_side(compiles: Iterable[tuple[Any, Callable[[], Any]]]) -> d
         futures = {name: pool.submit(compile_one, name, program) for name, program in compiles}
         done = {name: future.result() for name, future in futures.items()}
     if done:
-        log.info("  (%d programs compiled side by side in %.1f s; %s)", len(done), time.perf_counter() - start,
-                 compile_spans(spans))
+        wall = time.perf_counter() - start
+        log.info("  (%d programs compiled side by side in %.1f s, %s; %s)", len(done), wall,
+                 cores_busy(cpu_seconds() - cpu, wall), compile_spans(spans))
     return done
+
+
+def cpu_seconds() -> float:
+    """CPU seconds of this process's threads and its finished children (a compiler run as a subprocess)."""
+    return sum(os.times()[:4])
+
+
+def cores_busy(cpu: float, wall: float) -> str:
+    """How busy the cores were over `wall`: at the core count, the compiles wait on the CPU; near one,
+    on something else (a lock, or autotuning's timed runs on the one GPU)."""
+    return f"{cpu:.0f} CPU-s: {cpu / max(wall, 1e-9):.1f} of {os.cpu_count()} cores busy"
 
 
 def compile_spans(spans: dict[Any, tuple[float, float]]) -> str:
