@@ -16,8 +16,8 @@
 #     (--xla_gpu_per_fusion_autotune_cache_dir): the second's time is what a sweep's later jobs of
 #     the same shapes would pay (on an H100 a second row in one process compiled in 8.5 s against 16.6).
 #  8. (only when named: GPU_CHECK_PARTS="8") the bf16 step at batch b1 under each XLA flag set of
-#     GPU_CHECK_XLA (sets separated by ";"), each in a fresh process and JAX cache: a cold compile
-#     and a step time beside part 1's, e.g. GPU_CHECK_XLA="--xla_gpu_exhaustive_tiling_search=true".
+#     GPU_CHECK_XLA (sets separated by ";"), each in a fresh process and JAX cache: a cold compile,
+#     a step time beside part 1's and a kernel table, e.g. GPU_CHECK_XLA="--xla_gpu_enable_triton_gemm=false".
 # The whole check ends within GPU_CHECK_SECONDS (360 s) of its start: each part's timeout is cut to the time
 # left, and a part with less than 15 s left is skipped.
 # GPU_CHECK_PARTS="1 2 3 4" runs those parts alone (default: 1-6), for a device lease too short for all;
@@ -127,10 +127,11 @@ fi
 
 if part 8. the step under other XLA flags: ${GPU_CHECK_XLA:-none given}; then
 IFS=';' read -ra flag_sets <<< "${GPU_CHECK_XLA:-}"
-for flags in "${flag_sets[@]}"; do
-  echo "# XLA_FLAGS +$flags"
-  XLA_FLAGS="${XLA_FLAGS:-} $flags" timeout $(within $t_bench) "$py" bench/bench_step.py "${model[@]}" --batch $b1 \
-    --precision bf16 --rows project --cache "$work/jax_flags_${#flags}_$RANDOM" | tail -n 1
+for i in "${!flag_sets[@]}"; do  # the row, then its kernel table (the trace and HLO kept in trace_flags_i)
+  echo "# XLA_FLAGS +${flag_sets[$i]}"
+  XLA_FLAGS="${XLA_FLAGS:-} ${flag_sets[$i]}" timeout $(within $t_bench) "$py" bench/bench_step.py "${model[@]}" \
+    --batch $b1 --precision bf16 --rows project --trace "$work/trace_flags_$i" --cache "$work/jax_flags_$i" \
+    | sed -n '/^ *project /,$p'
 done
 keep
 fi

@@ -1,4 +1,4 @@
-"""bench/gpu_check.sh in its reduced CPU form: part 8 times the step under each XLA flag set."""
+"""bench/gpu_check.sh in its reduced CPU form: part 8 times the step under each XLA flag set, with its kernel table."""
 
 import os
 import re
@@ -21,4 +21,6 @@ def test_part_8_runs_the_step_once_under_each_flag_set(tmp_path):
     assert f"## 8. the step under other XLA flags: {';'.join(flag_sets)}" in log
     found = re.findall(r"^# XLA_FLAGS \+(\S+)\n\s+project\s+bf16\s+8\s+([\d.]+)", log, re.MULTILINE)
     assert [flags for flags, _ in found] == flag_sets and all(float(ms) > 0 for _, ms in found)
+    part_8 = log.split("## 8. ")[1]
+    assert part_8.count("## kernels: project bf16 batch 8: 1 steps traced") == len(flag_sets)
     assert (tmp_path / "gpu_check.tgz").stat().st_size > 0
