@@ -11,7 +11,8 @@ inside it: network.BIAS_IN_MATMUL; on CPU the two rows are one program), `projec
 instead of one vmapped encoder per layer), `project-flat` and `project-leaves` (parameters and Adam's state as flat vectors,
 engine.step.FlatView, or one array per leaf: the default is flat on a GPU, per leaf on CPU), `project-one-vector`
 (flat, with no leaf kept whole beside the vector: engine.step.WHOLE_LEAF), `project-whole-leaf` (fp32's
-large leaves kept whole in every precision: in bf16 its Adam update over the DOT kernel a kernel of its own), `project-fold` (with fold_dot, the DOT mixer over the Gram's upper blocks) and `reference`
+large leaves kept whole in every precision: in bf16 its Adam update over the DOT kernel a kernel of
+its own), `project-fold` (with fold_dot, the DOT mixer over the Gram's upper blocks) and `reference`
 (reference_step.py: jax.numpy from DESIGN.md, optax.adam, one jit), then project/reference.
 `step ms` is the median of synchronised steps (what a sweep records); `loop ms` the mean of steps
 dispatched back to back with one sync at the end (a training loop's pace). TFLOP/s are model
@@ -269,7 +270,8 @@ def report_target(args: argparse.Namespace) -> None:
                 except Exception as err:  # noqa: BLE001 - e.g. a GEMM XLA cannot tile without autotuning
                     failed(row, precision, batch, err)
                     continue
-                kernels = hlo_kernels.entry_kernels(compiled.as_text())
+                hlo = compiled.as_text()
+                kernels = hlo_kernels.entry_kernels(hlo)
                 ops = programs.compiled_op_counts(compiled)
                 print(f"{row} {precision} batch {batch}: compile {seconds:.2f} s, {len(kernels)} kernels, "
                       + " ".join(f"{k}={v}" for k, v in ops.items()), flush=True)
@@ -279,7 +281,7 @@ def report_target(args: argparse.Namespace) -> None:
                 if args.save_hlo:
                     path = Path(args.save_hlo) / f"{row}_{precision}_{batch}.hlo.txt"
                     path.parent.mkdir(parents=True, exist_ok=True)
-                    path.write_text(compiled.as_text())
+                    path.write_text(hlo)
 
 
 def trace_table(run: Callable[[], None], log_dir: Path, steps: int) -> kernel_table.KernelTable:
@@ -289,12 +291,6 @@ def trace_table(run: Callable[[], None], log_dir: Path, steps: int) -> kernel_ta
             with jax.profiler.StepTraceAnnotation(STEP_NAME, step_num=i):
                 run()
     return kernel_table.build_table(kernel_table.load_trace(log_dir), STEP_NAME)
-
-
-def device_rooflines(hlo: str) -> dict[str, float] | None:
-    """The HLO's kernels' rooflines on this GPU, where hlo_kernels knows its kind (None elsewhere)."""
-    known = hlo_kernels.GPU_ROOFLINES.get(builtin_kind(jax.devices()[0].device_kind) or "")
-    return hlo_kernels.rooflines(hlo_kernels.entry_kernels(hlo), *known) if known else None
 
 
 def _row(name: str, model: ModelSpec, precision: str, batch: int, r: dict, hlo: bool) -> str:
@@ -339,8 +335,8 @@ def report_row(row: str, args: argparse.Namespace, batch: int, precision: str, c
         table = trace_table(r["run"], log_dir, min(args.steps, TRACE_STEPS))
         hlo = r["compiled"].as_text()
         (log_dir / "optimized_hlo.txt").write_text(hlo)  # the kernels' fusions, by name
-        print(kernel_table.format_table(table, f"{row} {precision} batch {batch}", rooflines=device_rooflines(hlo)),
-              flush=True)
+        rooflines = hlo_kernels.gpu_rooflines(hlo, builtin_kind(jax.devices()[0].device_kind))  # None off H100/H200
+        print(kernel_table.format_table(table, f"{row} {precision} batch {batch}", rooflines=rooflines), flush=True)
     if args.recompile:  # after the trace: a GPU run cut short by its timeout still printed the table
         again = recompile(row, args.model, batch, precision, cache_dir)
         print(f"# {row} {precision} batch {batch}: compile {r['compile_s']:.2f} s, again in a fresh process "

@@ -182,6 +182,12 @@ def rooflines(kernels: list[Kernel], bandwidth: float, rates: dict[str, float]) 
     return {kernel.name.replace(".", "_"): kernel.roofline(bandwidth, rates) for kernel in kernels}
 
 
+def gpu_rooflines(hlo: str, kind: str | None) -> dict[str, float] | None:
+    """rooflines of the HLO's kernels on a GPU of `kind` (a GPU_ROOFLINES key); None for another kind."""
+    known = GPU_ROOFLINES.get(kind or "")
+    return rooflines(entry_kernels(hlo), *known) if known else None
+
+
 def format_traffic(kernels: list[Kernel], title: str, bandwidth: float, rates: dict[str, float],
                    top: int = 12) -> str:
     """Kernels, bytes moved, matmul FLOPs and roofline time by kind, then the `top` kernels by

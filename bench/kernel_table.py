@@ -235,11 +235,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--top", type=int, default=40)
     args = parser.parse_args(argv)
     table = build_table(load_trace(args.trace), args.step_name)
-    rooflines = None
-    if args.device:
-        bandwidth, rates = hlo_kernels.GPU_ROOFLINES[args.device]
-        hlo = (Path(args.trace) / "optimized_hlo.txt").read_text()
-        rooflines = hlo_kernels.rooflines(hlo_kernels.entry_kernels(hlo), bandwidth, rates)
+    rooflines = hlo_kernels.gpu_rooflines((Path(args.trace) / "optimized_hlo.txt").read_text(),
+                                          args.device) if args.device else None
     print(format_table(table, args.trace, args.top, rooflines))
     return 0
 

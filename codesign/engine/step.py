@@ -77,8 +77,9 @@ class FlatView:
             if i in self.whole:
                 leaves.append(next(whole))
             else:
-                leaves.append(flat[offset:offset + math.prod(shape)].reshape(shape))
-                offset += math.prod(shape)
+                size = math.prod(shape)
+                leaves.append(flat[offset:offset + size].reshape(shape))
+                offset += size
         return self.treedef.unflatten(leaves)
 
     @functools.cached_property
@@ -230,8 +231,7 @@ def compile_single_stage(job: Job, plan: Plan, mesh: Mesh) -> CompiledStage:
     abstract, shardings = programs.stage_parameters(job, plan, stage, mesh)
     described = programs.describe_shardings(shardings, programs.gradient_shardings(plan, shardings, abstract))
     loss = loss_fn(job, stage.groups, plan.remat)
-    flat = FLAT_STATE.get(mesh.devices.flat[0].platform, False)
-    flat = flat and replicated(shardings) and not plan.reduce_scatter
+    flat = FLAT_STATE.get(mesh.devices.flat[0].platform, False) and replicated(shardings) and not plan.reduce_scatter
     view = FlatView.of(abstract, WHOLE_LEAF[job.training.precision]) if flat else None
     if view is not None:
         abstract, loss = view.abstract(), view.loss(loss)
