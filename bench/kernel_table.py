@@ -9,7 +9,9 @@ XLA:CPU runtime's thunks (host events carrying an `hlo_op`). Steps are the windo
 `jax.profiler.StepTraceAnnotation(step_name)`. The median step's wall time splits into kernels busy (covered
 by at least one kernel), idle between its first and last kernel (launch gaps between small kernels)
 and the time before its first and after its last kernel (dispatch and synchronisation); the host's
-events in a step before its first kernel are listed by name (what that dispatch time is spent on).
+events in a step before its first kernel are listed by name (what that dispatch time is spent on),
+and the host event open when the median step's first kernel starts (on an H200 the whole step ran
+as one CUDA graph whose launch held the host 2 ms, the first kernel starting 0.38 ms into it).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import gzip
 import json
 import re
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 # First match wins: collectives before "reduce" (reduce-scatter), matmuls before fusion (gemm_fusion).
@@ -45,6 +47,16 @@ def classify(name: str) -> str:
     return next((kind for kind, pattern in _PATTERNS if pattern.search(name)), OTHER)
 
 
+@dataclass(frozen=True)
+class HostAtFirst:
+    """When a step's first kernel starts, and the innermost host event open then (us from the step's start)."""
+
+    lead: float
+    event: str = ""  # "" where no host event spans it
+    event_start: float = 0.0
+    event_us: float = 0.0
+
+
 @dataclass
 class KernelTable:
     source: str  # where the kernels were found: one of DEVICE_LINES' values or HOST
@@ -52,6 +64,7 @@ class KernelTable:
     host_before: dict[str, float]  # host event name -> us of it inside a step before its first kernel, summed
     step_splits: list[tuple[float, float, float]]  # per step: (wall, kernels busy, first kernel to last) us:
     # the wall time (or the kernels' span without step annotations), the time covered by at least one kernel
+    first_kernel: list[HostAtFirst] = field(default_factory=list)  # per step, where the steps are annotated
 
     @property
     def steps(self) -> int:
@@ -69,11 +82,14 @@ class KernelTable:
     def span_us(self) -> float:
         return sum(span for _, _, span in self.step_splits)
 
+    def median_index(self) -> int:
+        """The step of median wall time: a traced step now and then waits on the tracer (one of
+        five H100 steps 16.4 ms against 11.1-12.8), which a mean would spread."""
+        ordered = sorted(range(self.steps), key=lambda i: self.step_splits[i])
+        return ordered[(len(ordered) - 1) // 2]
+
     def median_step(self) -> tuple[float, float, float]:
-        """The split of the step of median wall time: a traced step now and then waits on the
-        tracer (one of five H100 steps 16.4 ms against 11.1-12.8), which a mean would spread."""
-        ordered = sorted(self.step_splits)
-        return ordered[(len(ordered) - 1) // 2] if ordered else (0.0, 0.0, 0.0)
+        return self.step_splits[self.median_index()] if self.step_splits else (0.0, 0.0, 0.0)
 
     @property
     def device_us(self) -> float:
@@ -142,11 +158,12 @@ def build_table(trace: dict, step_name: str) -> KernelTable:
     where the trace has no such annotation)."""
     source, kernels = kernel_events(trace)
     windows = step_windows(trace, step_name)
+    annotated = bool(windows)
     if not windows and kernels:
         windows = [(min(e["ts"] for e in kernels), max(e["ts"] + e["dur"] for e in kernels))]
     totals: dict[str, list] = defaultdict(lambda: [0.0, 0])
     before: dict[str, float] = defaultdict(float)
-    splits = []
+    splits, at_first = [], []
     host = host_events(trace, step_name)
     for start, end in windows:
         inside = [(e["name"], e["ts"], min(e["ts"] + e["dur"], end)) for e in kernels if start <= e["ts"] < end]
@@ -155,12 +172,24 @@ def build_table(trace: dict, step_name: str) -> KernelTable:
             overlap = min(e["ts"] + e["dur"], first) - max(e["ts"], start)
             if overlap > 0:
                 before[e["name"]] += overlap
+        at_first.append(host_at(host, first, start))
         for name, ts, stop in inside:
             totals[name][0] += stop - ts
             totals[name][1] += 1
         span = max((stop for *_, stop in inside), default=0.0) - min((ts for _, ts, _ in inside), default=0.0)
         splits.append((end - start, covered_us([(ts, stop) for _, ts, stop in inside]), span))
-    return KernelTable(source, {k: (us, n) for k, (us, n) in totals.items()}, dict(before), splits)
+    return KernelTable(source, {k: (us, n) for k, (us, n) in totals.items()}, dict(before), splits,
+                       at_first if annotated else [])
+
+
+def host_at(host: list[dict], instant: float, start: float) -> HostAtFirst:
+    """The innermost host event open at `instant` (the latest to start; of those, the shortest),
+    times from `start`."""
+    open_then = [e for e in host if e["ts"] <= instant < e["ts"] + e["dur"]]
+    if not open_then:
+        return HostAtFirst(instant - start)
+    e = max(open_then, key=lambda e: (e["ts"], -e["dur"]))
+    return HostAtFirst(instant - start, e["name"], e["ts"] - start, e["dur"])
 
 
 def host_events(trace: dict, step_name: str) -> list[dict]:
@@ -193,6 +222,8 @@ def format_table(table: KernelTable, title: str, top: int = 15, rooflines: dict[
         lead = sorted(table.host_before.items(), key=lambda item: -item[1])[:6]
         lines.append("host events before the first kernel, us per step (nested events each counted): "
                      + "; ".join(f"{name[:60]} {us / steps:.0f}" for name, us in lead))
+    if table.first_kernel:
+        lines.append(_first_kernel_line(table))
     if rooflines is not None:
         lines.append(_roofline_summary(table, rooflines))
     lines.append(f"{'kernel':<60} {'ms/step':>9} {'share':>7} {'calls/step':>11} kind"
@@ -206,6 +237,17 @@ def format_table(table: KernelTable, title: str, top: int = 15, rooflines: dict[
             line = f"{line:<{ROOF_COLUMN}}{us / calls:>10.1f} {roof:>8.1f} {us / calls / max(roof, 1e-9):>6.2f}x"
         lines.append(line)
     return "\n".join(lines)
+
+
+def _first_kernel_line(table: KernelTable) -> str:
+    """When the median step's device starts and stops against its wall time, and what the host
+    was doing as the first kernel started (a graph launch, a compile, a transfer)."""
+    wall, _, span = table.median_step()
+    at = table.first_kernel[table.median_index()]
+    doing = (f", while the host is in {at.event[:60]} (from +{at.event_start:.0f} us, {at.event_us:.0f} us long)"
+             if at.event else ", no host event open")
+    return (f"the median step's first kernel starts {at.lead:.0f} us in{doing}; "
+            f"its last kernel ends {wall - at.lead - span:.0f} us before the step does")
 
 
 def _roofline_summary(table: KernelTable, rooflines: dict[str, float]) -> str:

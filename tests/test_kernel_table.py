@@ -85,6 +85,22 @@ def test_gpu_trace_table_from_device_streams():
     assert re.search(r"^matmul\s+0\.040\s+44\.4%\s+1\.0$", text, re.MULTILINE)
     assert table.host_before == {"PjitFunction(step)": 16.0}  # the annotation and thunks left out
     assert "host events before the first kernel, us per step (nested events each counted): PjitFunction(step) 8" in text
+    assert table.first_kernel == [kernel_table.HostAtFirst(10.0, "PjitFunction(step)", 2.0, 60.0)] * 2
+    assert ("the median step's first kernel starts 10 us in, while the host is in PjitFunction(step) "
+            "(from +2 us, 60 us long); its last kernel ends 5 us before the step does") in text
+
+
+def test_the_host_event_at_the_first_kernel_is_the_innermost_open_one():
+    """A graph launch nested in the call it serves is named, not the call; an event that ended
+    before the kernel, or starts after it, is not; with none open the line says so."""
+    host = [_x(1, 10, "PjitFunction(step)", 0.0, 900.0), _x(1, 10, "Execute", 80.0, 800.0),
+            _x(1, 10, "cuGraphLaunch", 350.0, 2000.0), _x(1, 10, "Thunks::Initialize", 300.0, 40.0),
+            _x(1, 11, "BUFFER_FLUSH", 800.0, 20.0)]
+    assert kernel_table.host_at(host, 750.0, 0.0) == kernel_table.HostAtFirst(750.0, "cuGraphLaunch", 350.0, 2000.0)
+    assert kernel_table.host_at(host, 3000.0, 1000.0) == kernel_table.HostAtFirst(2000.0)
+    table = kernel_table.KernelTable("device streams", {"k": (10.0, 1)}, {}, [(1000.0, 10.0, 10.0)],
+                                     [kernel_table.HostAtFirst(2000.0)])
+    assert "the median step's first kernel starts 2000 us in, no host event open" in kernel_table.format_table(table, "t")
 
 
 def test_the_split_is_the_median_steps_one_a_step_waiting_on_the_tracer_aside():
@@ -92,8 +108,9 @@ def test_the_split_is_the_median_steps_one_a_step_waiting_on_the_tracer_aside():
     assert table.step_splits == [(100.0, 70.0, 85.0)] * 2 and table.median_step() == (100.0, 70.0, 85.0)
     slow = kernel_table.KernelTable("device streams", {}, {},
                                     [(11100.0, 9900.0, 10100.0), (16400.0, 9900.0, 11700.0), (11400.0, 9900.0, 10100.0)])
-    assert slow.median_step() == (11400.0, 9900.0, 10100.0)
+    assert slow.median_step() == (11400.0, 9900.0, 10100.0) and slow.median_index() == 2
     text = kernel_table.format_table(slow, "one slow step")
+    assert "first kernel starts" not in text  # no step annotations read: nothing to say
     assert "the median step: wall 11.400 ms = kernels busy 9.900 ms + idle between kernels 0.200 ms" in text
 
 
