@@ -18,7 +18,9 @@
 #     the same shapes would pay (on an H100 a second row in one process compiled in 8.5 s against 16.6).
 #  8. (only when named: GPU_CHECK_PARTS="8") the bf16 step at batch b1 under each XLA flag set of
 #     GPU_CHECK_XLA (sets separated by ";"), each in a fresh process and JAX cache: a cold compile,
-#     a step time beside part 1's and a kernel table, e.g. GPU_CHECK_XLA="--xla_gpu_enable_triton_gemm=false".
+#     a step time beside part 1's and a kernel table, e.g. GPU_CHECK_XLA="--xla_gpu_enable_triton_gemm=false";
+#     then, where two or more changes beat part 1's bf16 step (flag sets, and part 1's project-whole-leaf row),
+#     all of them together (bench/flag_winners.py), so one lease finds the combination to make the default.
 # The whole check ends within GPU_CHECK_SECONDS (360 s) of its start: each part's timeout is cut to the time
 # left, and a part with less than 15 s left is skipped.
 # GPU_CHECK_PARTS="1 2 3 4" runs those parts alone (default: 1-6), for a device lease too short for all;
@@ -68,7 +70,8 @@ part() {  # a part named in GPU_CHECK_PARTS, with 15 s or more of the check's ti
 
 if part 1. step bench, batch $b1; then
 rows=(project ${GPU_CHECK_ROWS:-})
-t_bench=$(( t_bench * ${#rows[@]} )) bench_step --batch $b1 --precision bf16 --rows "${rows[@]}" --hlo --trace "$work/trace" --recompile
+t_bench=$(( t_bench * ${#rows[@]} )) bench_step --batch $b1 --precision bf16 --rows "${rows[@]}" --hlo --trace "$work/trace" --recompile \
+  | tee "$work/step_bf16.txt"
 t_bench=$(( t_bench * ${#rows[@]} )) bench_step --batch $b1 --precision fp32 --rows "${rows[@]}" --hlo
 keep
 fi
@@ -128,11 +131,20 @@ fi
 
 if part 8. the step under other XLA flags: ${GPU_CHECK_XLA:-none given}; then
 IFS=';' read -ra flag_sets <<< "${GPU_CHECK_XLA:-}"
-for i in "${!flag_sets[@]}"; do  # the row, then its kernel table (the trace and HLO kept in trace_flags_i)
-  echo "# XLA_FLAGS +${flag_sets[$i]}"
-  XLA_FLAGS="${XLA_FLAGS:-} ${flag_sets[$i]}" timeout $(within $t_bench) "$py" bench/bench_step.py "${model[@]}" \
-    --batch $b1 --precision bf16 --rows project --trace "$work/trace_flags_$i" --cache "$work/jax_flags_$i" \
-    | sed -n '/^ *project /,$p'
+flag_step() {  # $1 row, $2 name, then XLA flags: the bf16 step at b1, its row and kernel table (trace and HLO in trace_flags_$2)
+  local row=$1 name=$2; shift 2
+  XLA_FLAGS="${XLA_FLAGS:-} $*" timeout $(within $t_bench) "$py" bench/bench_step.py "${model[@]}" --batch $b1 \
+    --precision bf16 --rows $row --trace "$work/trace_flags_$name" --cache "$work/jax_flags_$name" | sed -n "/^ *$row /,\$p"
+}
+set_rows=()
+for i in "${!flag_sets[@]}"; do
+  { echo "# XLA_FLAGS +${flag_sets[$i]}"; flag_step project $i "${flag_sets[$i]}"; } | tee "$work/flags_$i.txt"
+  set_rows+=("$work/flags_$i.txt")
 done
+together=$([ -f "$work/step_bf16.txt" ] && (( ${#set_rows[@]} )) && "$py" bench/flag_winners.py $b1 "$work/step_bf16.txt" "${set_rows[@]}")
+if [ -n "$together" ] && part 8. together, each faster than the bf16 step of part 1: $together; then
+  read -r row flags <<< "$together"
+  flag_step "$row" together $flags
+fi
 keep
 fi
