@@ -4,7 +4,7 @@
 #  1. the step bench on the seed model, batch 1024: project bf16 with its kernel table (a
 #     jax.profiler trace) and its second compile from the persistent cache, then project fp32;
 #     compile times (cold: the first compiles into an empty cache) and optimized-HLO op counts;
-#  2. `codesign profile`: its wall time (90-104 s on an H200), matmul rates per precision, HBM
+#  2. `codesign profile`: its wall time (90-104 s on an H200; target 60), matmul rates per precision, HBM
 #     bandwidth, each mixer program's compile and how busy the cores were while they compiled;
 #     kept in the profile cache, so part 3 is priced by it;
 #  3. bench/gpu_cost.toml (the seed model and a second model of other widths and mixers, one GPU)
