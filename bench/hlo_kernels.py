@@ -21,6 +21,8 @@ from dataclasses import dataclass
 
 import kernel_table
 
+from codesign.planner.profiles import DATA_SHEETS
+
 BYTES = {"pred": 1, "s8": 1, "u8": 1, "f8e4m3fn": 1, "f8e5m2": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2,
          "s32": 4, "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8, "c64": 8, "c128": 16}
 NOT_KERNELS = {"parameter", "get-tuple-element", "bitcast", "tuple", "constant", "after-all", "partition-id",
@@ -32,11 +34,11 @@ _VIEWS = re.compile(r" (convert|bitcast|reshape)\(")
 _SLICES = re.compile(r" (slice|dynamic-slice)\(")
 
 
-# A GPU's roofline: HBM B/s (the data sheet's) and matmul FLOP/s by operand dtype: what `codesign
-# profile` measured, not the data sheet's (H100s: bf16 6.97e14-7.55e14, fp32 as TF32 3.29e14-4.06e14;
-# one H200, the same chip: 7.08e14-7.11e14 and 3.91e14-4.14e14; bench/GPU_RESULTS.md).
+# A GPU's roofline: HBM B/s (the data sheet's, profiles.DATA_SHEETS) and matmul FLOP/s by operand
+# dtype: what `codesign profile` measured, not the data sheet's (H100s: bf16 6.97e14-7.55e14, fp32 as
+# TF32 3.29e14-4.06e14; one H200, the same chip: 7.08e14-7.11e14 and 3.91e14-4.14e14; bench/GPU_RESULTS.md).
 HOPPER_MATMUL = {"bf16": 7.0e14, "f32": 3.7e14}
-GPU_ROOFLINES = {"H100": (3.35e12, HOPPER_MATMUL), "H200": (4.8e12, HOPPER_MATMUL)}
+GPU_ROOFLINES = {kind: (DATA_SHEETS[kind].bandwidth, HOPPER_MATMUL) for kind in ("H100", "H200")}
 
 
 @dataclass(frozen=True)

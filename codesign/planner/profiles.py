@@ -191,8 +191,22 @@ def _uniform(matmul: float, overhead: float, elementwise: float) -> tuple[tuple[
 GPU_ACTIVATION_SHARE = 0.55
 
 
-def _gpu(kind: str, memory_gib: float, bf16: float, tf32: float, bandwidth: float) -> DeviceProfile:
-    """A GPU from its dense peak FLOP/s (bf16, and TF32 for fp32) and HBM bandwidth. The
+@dataclass(frozen=True)
+class DataSheet:
+    """A GPU as its vendor lists it: memory, dense peak FLOP/s (bf16, and TF32 for fp32), HBM B/s."""
+
+    memory_gib: float
+    bf16: float
+    tf32: float
+    bandwidth: float
+
+
+DATA_SHEETS = {"H100": DataSheet(80, 989e12, 495e12, 3.35e12), "H200": DataSheet(141, 989e12, 495e12, 4.8e12),
+               "A100": DataSheet(80, 312e12, 156e12, 2.04e12)}
+
+
+def _gpu(kind: str, sheet: DataSheet) -> DeviceProfile:
+    """A GPU from its data sheet. The
     efficiencies (50% of peak for the mixers' FLOPs, as the profiled H200 step's matrix products
     ran; 80% of HBM for memory traffic; 10 us per mixer call) price the seed model's flat step
     (engine.step.FLAT_STATE, batch 1024, DOT as defined) on an H200 in bf16, measured at 8.93 ms,
@@ -200,16 +214,14 @@ def _gpu(kind: str, memory_gib: float, bf16: float, tf32: float, bandwidth: floa
     ../shared/perf/README.md within 3%, whose call spent ~3 ms on the host before the first
     kernel; the flat step's kernels queue back to back: 0.18 ms idle between them in a step.)"""
     launch = 10e-6  # the kernels of one mixer call, and the gaps between them
-    return DeviceProfile(kind=kind, platform="gpu", memory=int(memory_gib * 2**30),
-                         rates=(("bf16", _uniform(0.5 * bf16, launch, 0.1 * bf16)),
-                                ("fp32", _uniform(0.5 * tf32, launch, 0.1 * tf32))),
-                         bandwidth=0.8 * bandwidth, dispatch=30e-6, activation_share=GPU_ACTIVATION_SHARE)
+    return DeviceProfile(kind=kind, platform="gpu", memory=int(sheet.memory_gib * 2**30),
+                         rates=(("bf16", _uniform(0.5 * sheet.bf16, launch, 0.1 * sheet.bf16)),
+                                ("fp32", _uniform(0.5 * sheet.tf32, launch, 0.1 * sheet.tf32))),
+                         bandwidth=0.8 * sheet.bandwidth, dispatch=30e-6, activation_share=GPU_ACTIVATION_SHARE)
 
 
 BUILTIN: dict[str, DeviceProfile] = {
-    "H100": _gpu("H100", 80, 989e12, 495e12, 3.35e12),
-    "H200": _gpu("H200", 141, 989e12, 495e12, 4.8e12),
-    "A100": _gpu("A100", 80, 312e12, 156e12, 2.04e12),
+    **{kind: _gpu(kind, sheet) for kind, sheet in DATA_SHEETS.items()},
     # This machine's CPU (2 cores) as `codesign profile` measured it on a quiet machine
     # (2026-11-26, JAX 0.10.2), fitted to its 14 real probe steps: what tests and a sweep with
     # CODESIGN_PROFILE=builtin price with.
