@@ -159,8 +159,6 @@ def test_the_carries_are_patterned_values_without_a_random_generator(tiny):
     """The init programs fill the carries from a hash of each index, not the model's random
     initialisers (a third of the fusions, a fifth of the compile on this CPU): finite, bounded,
     uniform with unrelated neighbours (as random bits draw a GPU's power), each leaf its own."""
-    import re
-
     import jax
     import jax.numpy as jnp
 
