@@ -2,6 +2,7 @@
 pure: its tests import no JAX) and the CPU probes that time them (engine/profile.py, in children)."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -214,3 +215,4 @@ def test_a_cpu_profile_compiles_every_program_before_it_times_any(tmp_path, monk
     assert {f"start {k}" for k in values} <= set(events[:first_time])
     assert {f"time {k}" for k in values} | {"time steps 0", f"time steps {n + 1}"} <= set(events[first_time:])
     assert events[-1] == f"close {n + 1}" and profile.bandwidth == 1e10 and profile.link == Link(1e9, 1e-5)
+    assert profile.cores == len(os.sched_getaffinity(0))  # what its op groups' fixed costs overlap on

@@ -2,6 +2,7 @@
 TOML loads, a candidate that fits nothing says why, the report's Co-design section is the CSV's."""
 
 import contextlib
+import dataclasses
 import hashlib
 import io
 import re
@@ -14,7 +15,7 @@ from scipy.stats import spearmanr
 from codesign.cli import build_search_parser, main
 from codesign.planner import codesign
 from codesign.planner.auto import choose_plan
-from codesign.planner.profiles import ProfileBook
+from codesign.planner.profiles import BUILTIN, ProfileBook
 from codesign.spec.config import load_config
 from codesign.spec.types import AUTO_SEARCH, ClusterSpec, ParallelSpec, TrainingSpec
 from codesign.store.database import Store
@@ -66,11 +67,13 @@ def query(*flags: str) -> search.Search:
     return search.search_from_args(build_search_parser().parse_args([*SMALL, *flags]))
 
 
-@pytest.mark.parametrize("cluster", [ClusterSpec(1, 8, "NVLink", "sim", "H100"), ClusterSpec(2, 4, "EFAx4", "sim", "A100"),
-                                     ClusterSpec(1, 4, "NVLink", "sim", "cpu")])
+@pytest.mark.parametrize("cluster, cores", [
+    (ClusterSpec(1, 8, "NVLink", "sim", "H100"), 0), (ClusterSpec(2, 4, "EFAx4", "sim", "A100"), 0),
+    (ClusterSpec(1, 4, "NVLink", "sim", "cpu"), 0), (ClusterSpec(1, 8, "NVLink", "sim", "cpu"), 2)])
 @pytest.mark.parametrize("micro", [1, 2])
-def test_the_fast_pass_is_auto_searchs_answer_for_one_layer_group(cluster, micro):
+def test_the_fast_pass_is_auto_searchs_answer_for_one_layer_group(cluster, cores, micro):
     training, book = TrainingSpec(32, 5), ProfileBook()
+    book.add(dataclasses.replace(BUILTIN["cpu"], cores=cores))  # cores: op groups' fixed costs overlap
     found = codesign.candidates(query("--slots", "4", "--max-layers", "2"))
     target = codesign.Target(cluster, "sim", ParallelSpec(AUTO_SEARCH, (micro,)), micro)
     ranking = codesign.rank_target(target, training, book, (), found, top=3)

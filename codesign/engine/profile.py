@@ -941,8 +941,13 @@ def probed_cpu(parts: Parts, benches: dict[str, Callable[[], Any]]) -> DevicePro
                          rates=(("fp32", tuple(table)),), bandwidth=memory, dispatch=dispatch,
                          speedup=tuple(map(tuple, points)), link=Link(**found) if found else None,
                          update_scratch=parts.data["scratch"], combines_collectives=False, sync_traffic=1.0,
-                         contention=CONTENTION, roofline=False, versions=tuple(sorted(library_versions().items())),
-                         source="measured")
+                         contention=CONTENTION, roofline=False, cores=host_cores(),
+                         versions=tuple(sorted(library_versions().items())), source="measured")
+
+
+def host_cores() -> int:
+    """The cores this process may run on, which its virtual devices share."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def measure(out: Path) -> DeviceProfile:

@@ -164,7 +164,7 @@ class LayerPrices:
     compute: np.ndarray  # [row, variant]: forward + backward seconds of one micro-batch, less its op collectives,
     # before cost.lockstep (which slows a whole stage where any layer has op collectives)
     collectives: np.ndarray  # [row, variant]: its op collectives' seconds
-    overhead: np.ndarray  # [row]: program_overheads, paid once per step on CPU
+    overhead: np.ndarray  # [row, variant]: program_overheads, paid once per step on CPU
     solo: np.ndarray  # [row]: forward + backward of a micro-batch on one device (the bound's work)
     fixed: np.ndarray  # [row]: fixed costs per call of a micro-batch, which every device of its stage pays
     params: np.ndarray  # [row]
@@ -214,7 +214,8 @@ class Pricer:
         compute, collectives = zip(*(self.compute(w, mesh) for mesh in self.meshes))
         solo = sum(stage_compute(w, [0], Submesh((0,), 1, 1), False, self.n)[:2])
         kept, working = zip(*(self.residuals(work, v) for v in self.variants))
-        return (compute, collectives, program_overheads(w, [0], self.n), solo, self.fixed(mixers), work.params,
+        overhead = [program_overheads(w, [0], self.n, mesh.op) for mesh in self.meshes]
+        return (compute, collectives, overhead, solo, self.fixed(mixers), work.params,
                 work.sharded_params, work.tensors, kept, working, work.flops)
 
     def compute(self, w: Workload, mesh: Submesh) -> tuple[float, float]:
@@ -266,7 +267,7 @@ def fast_pass(pricer: Pricer, block: search.Block, index: np.ndarray, base: Mode
     digit = dict(search.digits(index, [len(p.params) for p in prices]))
     rows = [digit[i] for i in range(len(prices))]
     total = lambda name: sum(getattr(p, name)[r] for p, r in zip(prices, rows))
-    collectives, kept = total("collectives"), total("kept")
+    collectives, kept, overhead = total("collectives"), total("kept"), total("overhead")
     slow = np.array([lockstep(pricer.profile, v.op) for v in pricer.variants])
     compute = total("compute") * np.where(collectives > 0, slow, 1.0) + collectives
     working = np.max([p.working[r] for p, r in zip(prices, rows)], axis=0)
@@ -276,7 +277,7 @@ def fast_pass(pricer: Pricer, block: search.Block, index: np.ndarray, base: Mode
     seconds, memory = np.empty_like(compute), np.empty_like(compute)
     for v, (variant, mesh) in enumerate(zip(pricer.variants, pricer.meshes)):
         seconds[:, v], memory[:, v] = _variant(pricer, synthetic, variant, mesh, compute[:, v], kept[:, v],
-                                               working[:, v], total("overhead"), n_last)
+                                               working[:, v], overhead[:, v], n_last)
     best, fits = _best(pricer, seconds, memory)
     flop_bound = 3 * total("flops") * pricer.job.global_batch / (pricer.n * _peak(pricer.profile,
                                                                                   pricer.training.precision))

@@ -33,7 +33,7 @@ from codesign.spec.types import ClusterSpec, Job, ModelSpec
 from codesign.zhen import counts
 
 # Recorded on every attempt beside its prediction: bump it with every change to what the model predicts.
-COST_MODEL_VERSION = "2026.11.27.5"
+COST_MODEL_VERSION = "2026.11.28.1"
 PARAM_BYTES = 4  # master weights, gradients and Adam's moments stay fp32 under bf16
 ADAM_TRAFFIC = 8  # param-sized arrays read or written by one update: p, g, m, v in; p, m, v, zeroed g out
 ACCUMULATE_TRAFFIC = 3  # gradient-sized arrays per accumulated micro-batch: its gradients and the sum in, the sum out
@@ -132,11 +132,14 @@ def hierarchical(collective, nbytes: float, hosts: int, per_host: int, intra: Li
     return collective(nbytes, per_host, intra, calls) + collective(nbytes / per_host, hosts, inter, calls)
 
 
-def call_time(flops: float, rate: float, overhead: float, share: float = 1.0, points: Points = ()) -> float:
+def call_time(flops: float, rate: float, overhead: float, share: float = 1.0, points: Points = (),
+              fixed_share: float | None = None) -> float:
     """One call's seconds: its fixed cost plus its FLOPs at the effective rate (or interpolated
-    between measured points), both slowed by the share of the device's speed it gets (virtual
-    CPU devices share cores)."""
-    return (interpolated(points, flops, rate) if points else overhead + flops / rate) / share
+    between measured points), slowed by the share of the device's speed it gets (virtual CPU
+    devices share cores); the fixed cost at `fixed_share` where given (DeviceProfile.fixed_share)."""
+    if points:
+        return interpolated(points, flops, rate) / share
+    return overhead / (fixed_share or share) + flops / rate / share
 
 
 def adam_time(param_bytes: float, profile: DeviceProfile, share: float = 1.0) -> float:
@@ -237,7 +240,7 @@ def stage_compute(w: Workload, layers: Sequence[int], mesh: Submesh, remat: bool
     over op, and each sharded mixer all-reduces its output over op (forward and backward).
     Batch on op: each device takes micro_batch/op samples of all the work; the sharded weights
     are all-gathered over op and their gradients reduce-scattered."""
-    p, share = w.profile, w.profile.share(busy)
+    p, share, fixed_share = w.profile, w.profile.share(busy), w.profile.fixed_share(busy, mesh.op)
     samples = w.micro_batch / mesh.batch_shards
     split = mesh.op if mesh.batch_axis == "dp" else 1
     fwd = bwd = fixed = 0.0  # fixed: the forward's fixed costs per call
@@ -252,18 +255,19 @@ def stage_compute(w: Workload, layers: Sequence[int], mesh: Submesh, remat: bool
             flops = samples * (work.flops - work.sharded_flops + work.sharded_flops / split)
             traffic = samples * w.activation_bytes * _split(work, split) / (p.bandwidth * share) if p.roofline else 0
             fold = work.fold_kernel * PARAM_BYTES / mesh.op / (p.bandwidth * share)
-            fwd += (call_time(flops, rate.forward, rate.overhead, share, rate.forward_points) + traffic
+            fwd += (call_time(flops, rate.forward, rate.overhead, share, rate.forward_points, fixed_share) + traffic
                     + FOLD_FORWARD * fold)
-            fixed += rate.overhead / share
+            fixed += rate.overhead / fixed_share
             skipped = flops * work.skipped_backward / work.flops if work.flops else 0.0
-            bwd += (call_time(2 * flops - skipped, rate.backward, 2 * rate.overhead, share, rate.backward_points)
-                    + 3 * traffic + FOLD_BACKWARD * fold)
+            bwd += (call_time(2 * flops - skipped, rate.backward, 2 * rate.overhead, share, rate.backward_points,
+                              fixed_share) + 3 * traffic + FOLD_BACKWARD * fold)
         own, rate = w.own[i], p.rate(w.precision, LAYER)
         traffic = samples * own.activations * w.activation_bytes / (p.bandwidth * share)
-        fwd += call_time(samples * own.flops, rate.forward, rate.overhead, share, rate.forward_points) + traffic
-        fixed += rate.overhead / share
+        fwd += call_time(samples * own.flops, rate.forward, rate.overhead, share, rate.forward_points,
+                         fixed_share) + traffic
+        fixed += rate.overhead / fixed_share
         bwd += call_time(2 * samples * own.flops, rate.backward, rate.overhead, share,
-                         rate.backward_points) + 3 * traffic
+                         rate.backward_points, fixed_share) + 3 * traffic
     slow = lockstep(p, mesh.op) if any(comm.values()) else 1.0
     fwd, bwd, fixed = slow * fwd, slow * bwd, slow * fixed
     fwd += comm["op all-reduce"] / 2 + comm["op all-gather"] / 2
@@ -293,7 +297,7 @@ def lockstep(p: DeviceProfile, op: int) -> float:
     return 1.0 + p.lockstep * (op - 1) if p.shares_cores else 1.0
 
 
-def program_overheads(w: Workload, layers: Sequence[int], busy: int) -> float:
+def program_overheads(w: Workload, layers: Sequence[int], busy: int, op: int = 1) -> float:
     """The fixed costs per call that stage_compute charges one micro-batch (forward and
     backward). On CPU they are costs of running a program (the probe's intercept: its thread
     pool, its buffers), paid once by a fused step however many micro-batches its loop
@@ -302,7 +306,7 @@ def program_overheads(w: Workload, layers: Sequence[int], busy: int) -> float:
         return 0.0
     per_layer = [sum(w.profile.rate(w.precision, k).overhead for k, _ in engine_calls(w.mixers[i])) * 3
                  + w.profile.rate(w.precision, LAYER).overhead * 2 for i in layers]
-    return sum(per_layer) / w.profile.share(busy)
+    return sum(per_layer) / w.profile.fixed_share(busy, op)
 
 
 def _split(work: counts.Work, op: int) -> float:
@@ -437,7 +441,7 @@ def estimate(w: Workload, plan: Plan) -> Estimate:
             comm[kind] = comm.get(kind, 0.0) + seconds
     if pp == 1:
         only = stages[0]
-        repeated = (micro - 1) * program_overheads(w, plan.stages[0].layers, busy)
+        repeated = (micro - 1) * program_overheads(w, plan.stages[0].layers, busy, plan.stages[0].op)
         seconds = w.profile.call_cost(busy) + micro * (only.forward + only.backward) - repeated + only.update
         bubble = 0.0
     else:  # each stage at its own devices' speed, unless the devices share cores with the others

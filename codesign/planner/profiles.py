@@ -114,6 +114,7 @@ class DeviceProfile:
     # devices meet at op's collectives between its computations and so cannot fill each other's stalls
     roofline: bool = True  # rates count FLOPs only, activation traffic is added at `bandwidth`;
     # False: measured rates already include the traffic at the probed widths
+    cores: int = 0  # shared cores: how many the host has (an op group's fixed costs overlap on them); 0: unknown
     versions: tuple[tuple[str, str], ...] = ()
     source: str = "built-in"
 
@@ -128,6 +129,18 @@ class DeviceProfile:
             return 1.0
         ns, speeds = zip(*self.speedup)
         return float(np.interp(busy, ns, speeds)) / busy
+
+    def fixed_share(self, busy: int, op: int) -> float:
+        """Each of `busy` devices' speed for the fixed costs per call of a program on an op group of
+        `op` devices. On shared cores those costs (thread wake-ups, each op's dispatch) overlap on
+        the host's cores where the devices meet at op's collectives, not where they run
+        independently as the speed-up probe's do (4 busy devices: 1.03-1.13 times one's speed). On
+        2 cores op 4 and 8 took 1.3-1.4 and 1.7-2.0 times one device's step (two models, 32-128
+        samples), which fixed costs at share(busy) priced at 1.5-2.1 and 2.1-3.3 times."""
+        share = self.share(busy)
+        if op > 1 and self.shares_cores and self.cores:
+            return max(share, min(1.0, self.cores / busy))
+        return share
 
     @property
     def shares_cores(self) -> bool:
@@ -150,8 +163,9 @@ class DeviceProfile:
         data["rates"] = {p: {k: r.to_dict() for k, r in table} for p, table in self.rates}
         data["speedup"] = [list(s) for s in self.speedup]
         data["versions"] = dict(self.versions)
-        if self.activation_share == 1.0:  # profiles from before it keep their ids
-            del data["activation_share"]
+        for name, unset in (("activation_share", 1.0), ("cores", 0)):  # profiles from before them keep their ids
+            if data[name] == unset:
+                del data[name]
         return data
 
     @classmethod
@@ -168,7 +182,7 @@ class DeviceProfile:
                    contention=float(data.get("contention", 0.0)),
                    combines_collectives=bool(data.get("combines_collectives", True)),
                    lockstep=float(data.get("lockstep", 0.0)),
-                   roofline=bool(data.get("roofline", True)),
+                   roofline=bool(data.get("roofline", True)), cores=int(data.get("cores", 0)),
                    versions=tuple(sorted(data.get("versions", {}).items())), source=data.get("source", "measured"))
 
 
