@@ -439,7 +439,7 @@ def test_an_op_groups_fixed_costs_overlap_on_the_hosts_cores():
     """Measured on 2 cores (a 4-layer model, 32 and 128 samples, one micro-batch; and the 'dot'
     probe model, 64 samples in 2): op 2, 4 and 8 took 1.1, 1.3-1.4 and 1.7-2.0 times one device's
     step, where every device's fixed costs at the busy devices' shared speed (the speed-up probe's
-    independent devices: none faster than one) priced op 4 and 8 at 1.8-2.1 and 2.7-3.3 times it.
+    independent devices: none faster than one) priced op 4 and 8 at 1.5-2.1 and 2.1-3.3 times it.
     A profile that knows its cores charges an op group's fixed costs at up to cores / busy of one
     device's speed; independent devices (dp), a profile of unknown cores and GPUs are unchanged."""
     cpu = dataclasses.replace(BUILTIN["cpu"], cores=2)
