@@ -297,9 +297,9 @@ def lockstep(p: DeviceProfile, op: int) -> float:
     return 1.0 + p.lockstep * (op - 1) if p.shares_cores else 1.0
 
 
-def program_overheads(w: Workload, layers: Sequence[int], busy: int, op: int = 1) -> float:
+def program_overheads(w: Workload, layers: Sequence[int], busy: int, op: int) -> float:
     """The fixed costs per call that stage_compute charges one micro-batch (forward and
-    backward). On CPU they are costs of running a program (the probe's intercept: its thread
+    backward) on an op group of `op` devices. On CPU they are costs of running a program (the probe's intercept: its thread
     pool, its buffers), paid once by a fused step however many micro-batches its loop
     accumulates; a GPU pays them per kernel launch, every micro-batch."""
     if w.profile.platform != "cpu":
