@@ -1,6 +1,7 @@
 """The cost model (pure): formulas, per-stage costs, the pipeline simulation, memory, the plan space."""
 
 import dataclasses
+import json
 import subprocess
 import sys
 
@@ -288,31 +289,44 @@ def test_the_dot_as_defined_has_no_fold_terms_and_the_block_fold_is_priced_as_it
 
 @pytest.mark.slow
 def test_gradients_are_all_reduced_once_per_step_after_the_micro_batches():
-    """The compiled pp = 1 step of dp = 2 with 2 micro-batches: one combined all-reduce of the
-    gradients, after the accumulation loop, none inside it (XLA left alone put it inside, once
-    per micro-batch pair); the cost model charges one, as for one micro-batch."""
+    """The compiled pp = 1 step of dp = 2, with 2 micro-batches and with 1: one combined
+    all-reduce of the gradients, after the accumulation loop, none inside it (XLA left alone put
+    it inside, once per micro-batch pair), each gradient in its parameter's shape (XLA left alone
+    all-reduced a dot's output before its transpose, and Adam read it transposed), and no other
+    collective (left alone, the convolution's 26 sums a layer were all-gathered one by one); the
+    cost model charges one, as for one micro-batch."""
     from tests.conftest import run_on_devices
 
     proc = run_on_devices(2, """
-        import re
+        import json, re
+        import jax
+        from codesign.engine import programs
         from codesign.engine.step import build_single_stage
         from codesign.planner.plan import make_plan
         from codesign.spec.types import ClusterSpec, Job, ModelSpec, ParallelSpec, TrainingSpec
-        model = ModelSpec(16, 8, 4, 2, (("DOT", "ATTENTION", "LINEAR"),) * 2)
-        job = Job(model, ClusterSpec(1, 2, "NVLink", "cpu"), TrainingSpec(8, 2),
-                  ParallelSpec("dp", (2,), pp_dp_op=(1, 2, 1)), 2, "cpu")
-        text = build_single_stage(job, make_plan(job)).compiled.as_text()
-        body = re.search(r"body=%?([\\w.\\-]+)", text).group(1)
-        where, name = {}, None
-        for line in text.splitlines():
-            if line.endswith("{") and not line.startswith(" "):
-                name = line.removeprefix("ENTRY ").split()[0].lstrip("%")
-            elif re.search(r" all-reduce(-start)?\\(", line):
-                where[name] = where.get(name, 0) + 1
-        print(where.get(body, 0), sum(where.values()))
+        model = ModelSpec(16, 8, 4, 2, (("DOT", "ATTENTION", "LINEAR", "CONVOLUTION"),) * 2)
+        found = {}
+        for micro in (2, 1):
+            job = Job(model, ClusterSpec(1, 2, "NVLink", "cpu"), TrainingSpec(8, 2),
+                      ParallelSpec("dp", (micro,), pp_dp_op=(1, 2, 1)), micro, "cpu")
+            plan = make_plan(job)
+            text = build_single_stage(job, plan).compiled.as_text()
+            abstract, _ = programs.stage_parameters(job, plan, plan.stages[0], programs.stage_mesh(plan.stages[0]))
+            body = re.search(r"body=%?([\w.\-]+)", text).group(1) if micro > 1 else None
+            where, name, shapes = {}, None, []
+            for line in text.splitlines():
+                if line.endswith("{") and not line.startswith(" "):
+                    name = line.removeprefix("ENTRY ").split()[0].lstrip("%")
+                elif re.search(r" all-reduce(-start)?\(", line):
+                    where[name] = where.get(name, 0) + 1
+                    shapes += re.findall(r"f32\[([\d,]*)\]", line.split(" all-reduce")[0])
+            params = sorted(["", *(",".join(map(str, a.shape)) for a in jax.tree.leaves(abstract))])  # and the loss
+            found[micro] = [where.get(body, 0), sum(where.values()), len(re.findall(r" all-gather(-start)?\(", text)),
+                            sorted(shapes) == params]
+        print(json.dumps(found))
     """)
-    in_loop, total = map(int, proc.stdout.split())
-    assert (in_loop, total) == (0, 1)
+    found = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert found == {"2": [0, 1, 0, True], "1": [0, 1, 0, True]}
     priced2, priced1 = (priced(job(model=SMALL, batch=8, per_host=2, pp_dp_op=(1, 2, 1), micro=m, device="cpu"))
                         for m in (2, 1))
     assert priced1.communication["dp all-reduce"] > 0
