@@ -297,7 +297,7 @@ def test_gradients_are_all_reduced_once_per_step_after_the_micro_batches():
     cost model charges one, as for one micro-batch."""
     from tests.conftest import run_on_devices
 
-    proc = run_on_devices(2, """
+    proc = run_on_devices(2, r"""
         import json, re
         import jax
         from codesign.engine import programs
