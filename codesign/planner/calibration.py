@@ -36,11 +36,15 @@ PROBE_MODELS = {"probe": (PROBE_WIDTHS, 2, tuple(MIXERS)), "wide": (WIDE_PROBE, 
 # collectives' latency keep their micro-benchmarks: fitted, they traded against the fixed costs.
 COMPONENTS = ("fixed", "flops", "memory", "sync", "contention")
 FACTOR_BOUNDS = (0.05, 20.0)
-# Twenty probe steps, each a few % noisy, do not pin five factors: unpenalised, fresh profiles fitted
-# all-reduce copies x6-x9 and fixed costs x0.08-x0.5, and priced their own sweeps at 14.1% and 14.2%
-# median error; drawn toward the micro-benchmarks (a factor of e costs as much as a 32% miss on one
-# probe), 11.4% and 12.8%.
-FACTOR_PRIOR = 0.1
+# Seven probe steps, each a few % noisy, do not pin five factors alone: unpenalised, three fresh
+# profiles fitted all-reduce copies x8-x20 and fixed costs x0.31-0.41. Drawn toward the
+# micro-benchmarks (a factor of e costs as much as a 17% miss on one probe), six profiles' probe
+# steps, each refitted and priced on each of six cost sweeps (bench/cost_cpu.toml), gave a median
+# time error of 14.6% on average (13.7% on their own sweeps), against 17.7% (16.4%) drawn three
+# times as hard: that held memory traffic at x1.0-1.2 of the bandwidth micro-benchmark, where the
+# sweeps wanted more (memory alone x1.5: one sweep 18.4% -> 11.4%). Auto search's attempts on a
+# bench_auto sweep: 6.4% against 9.4%.
+FACTOR_PRIOR = 0.03
 CONTENTION = 0.05  # the pipelines' contention on CPU the fit starts from: cost sweeps on 2-8 devices fit 0.05-0.07
 
 
