@@ -293,40 +293,58 @@ def test_gradients_are_all_reduced_once_per_step_after_the_micro_batches():
     all-reduce of the gradients, after the accumulation loop, none inside it (XLA left alone put
     it inside, once per micro-batch pair), each gradient in its parameter's shape (XLA left alone
     all-reduced a dot's output before its transpose, and Adam read it transposed), and no other
-    collective (left alone, the convolution's 26 sums a layer were all-gathered one by one); the
-    cost model charges one, as for one micro-batch."""
+    collective (left alone, the convolution's 26 sums a layer were all-gathered one by one). The
+    loop is one device's own, op for op (vmapped over the batch shards, its weight gradients
+    came out transposed and were added through transposing copies). The cost model charges one
+    all-reduce, as for one micro-batch."""
     from tests.conftest import run_on_devices
 
     proc = run_on_devices(2, r"""
-        import json, re
+        import collections, json, re
         import jax
         from codesign.engine import programs
         from codesign.engine.step import build_single_stage
         from codesign.planner.plan import make_plan
         from codesign.spec.types import ClusterSpec, Job, ModelSpec, ParallelSpec, TrainingSpec
         model = ModelSpec(16, 8, 4, 2, (("DOT", "ATTENTION", "LINEAR", "CONVOLUTION"),) * 2)
-        found = {}
-        for micro in (2, 1):
-            job = Job(model, ClusterSpec(1, 2, "NVLink", "cpu"), TrainingSpec(8, 2),
-                      ParallelSpec("dp", (micro,), pp_dp_op=(1, 2, 1)), micro, "cpu")
+
+        def compiled(devices, micro):
+            job = Job(model, ClusterSpec(1, devices, "NVLink", "cpu"), TrainingSpec(8, 2),
+                      ParallelSpec("dp", (micro,), pp_dp_op=(1, devices, 1)), micro, "cpu")
             plan = make_plan(job)
-            text = build_single_stage(job, plan).compiled.as_text()
             abstract, _ = programs.stage_parameters(job, plan, plan.stages[0], programs.stage_mesh(plan.stages[0]))
-            body = re.search(r"body=%?([\w.\-]+)", text).group(1) if micro > 1 else None
-            where, name, shapes = {}, None, []
-            for line in text.splitlines():
+            computations, name = collections.defaultdict(list), None
+            for line in build_single_stage(job, plan).compiled.as_text().splitlines():
                 if line.endswith("{") and not line.startswith(" "):
                     name = line.removeprefix("ENTRY ").split()[0].lstrip("%")
-                elif re.search(r" all-reduce(-start)?\(", line):
-                    where[name] = where.get(name, 0) + 1
-                    shapes += re.findall(r"f32\[([\d,]*)\]", line.split(" all-reduce")[0])
+                elif name:
+                    computations[name].append(line)
+            return abstract, computations
+
+        def loop_ops(computations):  # the loop body's matmuls, layout changes and reductions, fusions' included
+            body = next(re.search(r"body=%?([\w.\-]+)", l).group(1) for c in computations.values()
+                        for l in c if " while(" in l)
+            lines = computations[body] + [l for c in re.findall(r"calls=%?([\w.\-]+)", "\n".join(computations[body]))
+                                          for l in computations[c]]
+            ops = collections.Counter(re.findall(r"= \S+ ([a-z\-]+)\(", "\n".join(lines)))
+            return {op: ops[op] for op in ("dot", "transpose", "copy", "all-reduce")}
+
+        found = {}
+        for micro in (2, 1):
+            abstract, computations = compiled(2, micro)
+            reduces = {name: [l for l in lines if re.search(r" all-reduce(-start)?\(", l)]
+                       for name, lines in computations.items()}
+            shapes = sorted(s for lines in reduces.values() for l in lines
+                            for s in re.findall(r"f32\[([\d,]*)\]", l.split(" all-reduce")[0]))
             params = sorted(["", *(",".join(map(str, a.shape)) for a in jax.tree.leaves(abstract))])  # and the loss
-            found[micro] = [where.get(body, 0), sum(where.values()), len(re.findall(r" all-gather(-start)?\(", text)),
-                            sorted(shapes) == params]
+            gathers = sum(len(re.findall(r" all-gather(-start)?\(", l)) for c in computations.values() for l in c)
+            found[micro] = [sum(map(len, reduces.values())), gathers, shapes == params]
+        found["same loop"] = loop_ops(compiled(2, 2)[1]) == loop_ops(compiled(1, 2)[1])
+        found["no reduce in the loop"] = loop_ops(compiled(2, 2)[1])["all-reduce"] == 0
         print(json.dumps(found))
     """)
     found = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert found == {"2": [0, 1, 0, True], "1": [0, 1, 0, True]}
+    assert found == {"2": [1, 0, True], "1": [1, 0, True], "same loop": True, "no reduce in the loop": True}
     priced2, priced1 = (priced(job(model=SMALL, batch=8, per_host=2, pp_dp_op=(1, 2, 1), micro=m, device="cpu"))
                         for m in (2, 1))
     assert priced1.communication["dp all-reduce"] > 0
