@@ -198,9 +198,9 @@ def _deferred(loss: Callable, per_shard: tuple[Mesh, str, dict], params, xs, ys)
     """The scan over micro-batches with each batch shard's loss and gradients kept on a leading
     axis sharded over the batch's mesh axis (no communication inside the loop), summed once."""
     mesh, axis, shardings = per_shard
-    shards = mesh.shape[axis]
     if replicated(shardings):
         return _deferred_whole(loss, mesh, axis, params, xs, ys)
+    shards = mesh.shape[axis]
 
     def split(a):  # (batch, ...) -> (shards, batch / shards, ...), the shard axis where the batch was
         a = a.reshape(shards, a.shape[0] // shards, *a.shape[1:])
