@@ -94,6 +94,24 @@ def test_loop_timing_gives_sane_positive_rates(tiny):
     assert stream_bytes(GPU_LOOPS.stream) >= 2**30  # an H100's L2 is 50 MB
 
 
+def test_one_slow_call_does_not_end_a_loops_growth():
+    """A loop grows until its fastest long and short calls differ by the aim: one slow first long
+    call once stopped it at one trip, where the fastest pair then differed by nothing (a tiny
+    matmul at 3e19 FLOP/s in CI)."""
+    from codesign.engine.profile import MAX_TRIPS, loop_times
+
+    calls = []
+
+    def run(state, trips):  # 10 us a trip; the first timed long call 50 ms late
+        calls.append(int(trips.max()))
+        time.sleep(1e-5 * calls[-1] + (0.05 if len(calls) == 4 else 0))
+        return state
+
+    [per_iteration] = loop_times(run, (0,), 0.01, [1])
+    assert per_iteration == pytest.approx(1e-5, rel=0.3)
+    assert max(calls) == MAX_TRIPS + 1
+
+
 @pytest.mark.slow
 def test_mixer_points_are_forward_and_backward_seconds_by_flops(tiny):
     from codesign.engine.profile import compile_side_by_side, mixer_points, mixer_section, points_rate

@@ -193,12 +193,14 @@ def loop_times(run: Callable[[tuple, jax.Array], tuple], carries: tuple, seconds
     found = []
     for i in range(count):
         wall(i, 1)  # warm up
-        trips, pairs = 1, [(wall(i, 1), wall(i, 2))]
-        while pairs[-1][1] - pairs[-1][0] < seconds and trips < MAX_TRIPS:  # never past 4x the aim
+        trips = 1
+        while True:  # longer until the fastest of each reach the aim (one slow long call stopped it at
+            # 1 trip, where the fastest pair then differed by nothing: 3e19 FLOP/s on CPU); never past 4x
+            pairs = [(wall(i, 1), wall(i, 1 + trips)) for _ in range(LOOP_REPEATS)]
+            short, long = min(p[0] for p in pairs), min(p[1] for p in pairs)
+            if long - short >= seconds or trips >= MAX_TRIPS:
+                break
             trips *= 4
-            pairs = [(wall(i, 1), wall(i, 1 + trips))]
-        pairs += [(wall(i, 1), wall(i, 1 + trips)) for _ in range(LOOP_REPEATS - 1)]
-        short, long = min(p[0] for p in pairs), min(p[1] for p in pairs)
         found.append(max(long - short, 1e-12) / (trips * inners[i]))
     return found
 
