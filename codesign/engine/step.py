@@ -22,6 +22,7 @@ from jax.sharding import PartitionSpec as P
 from codesign.engine import programs
 from codesign.planner.plan import Plan
 from codesign.spec.types import Job
+from codesign.zhen import network
 
 # Replicated parameters and Adam's state as flat vectors (FlatView), per platform: where it
 # measured faster. On an H200 (bench/gpu_check.sh, seed model, bf16, batch 1024) the step took
@@ -229,11 +230,10 @@ def _deferred_whole(loss: Callable, mesh: Mesh, axis: str, params, xs, ys):
     made each weight gradient as a batched dot, in the transpose of its parameter's layout, and
     XLA:CPU added it into the sum through a transposing copy, 6x one device's add (a 2-layer
     F64 D8 O8 model, dp 2: 8 micro-batches 64.1 -> 47.0 ms a step, 2: 40.2 -> 34.5 ms)."""
-    def varying(tree):
-        return jax.tree.map(lambda a: a if axis in jax.typeof(a).manual_axis_type.varying
-                            else jax.lax.pcast(a, (axis,), to="varying"), tree)
-
     def local(params, xs, ys):  # params varying: their gradients stay this device's until the psum
+        def varying(tree):
+            return jax.tree.map(lambda a: network.varying_like(a, xs), tree)
+
         return jax.lax.psum(_summed(loss, varying(params), xs, ys, start=varying), axis)
 
     value, grads = jax.shard_map(local, mesh=mesh, in_specs=(P(), P(None, axis), P(None, axis)),

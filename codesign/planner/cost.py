@@ -299,9 +299,9 @@ def lockstep(p: DeviceProfile, op: int) -> float:
 
 def program_overheads(w: Workload, layers: Sequence[int], busy: int, op: int) -> float:
     """The fixed costs per call that stage_compute charges one micro-batch (forward and
-    backward) on an op group of `op` devices. On CPU they are costs of running a program (the probe's intercept: its thread
-    pool, its buffers), paid once by a fused step however many micro-batches its loop
-    accumulates; a GPU pays them per kernel launch, every micro-batch."""
+    backward) on an op group of `op` devices. On CPU they are costs of running a program (the
+    probe's intercept: its thread pool, its buffers), paid once by a fused step however many
+    micro-batches its loop accumulates; a GPU pays them per kernel launch, every micro-batch."""
     if w.profile.platform != "cpu":
         return 0.0
     per_layer = [sum(w.profile.rate(w.precision, k).overhead for k, _ in engine_calls(w.mixers[i])) * 3

@@ -243,11 +243,11 @@ class SameConv(nn.Module):
                                                                    (None, None, None, None)), (k, k, 1, 1))
         bias = self.param("bias", nn.with_logical_partitioning(nn.initializers.zeros_init(), (None,)), (1,))
         z = z.astype(self.dtype).astype(jnp.float32)
-        taps = _varying_like(kernel.reshape(k, k).astype(self.dtype).astype(jnp.float32), z)
-        return shifted_conv(_varying_like(bias.astype(self.dtype).astype(jnp.float32), z), z, taps).astype(self.dtype)
+        taps = varying_like(kernel.reshape(k, k).astype(self.dtype).astype(jnp.float32), z)
+        return shifted_conv(varying_like(bias.astype(self.dtype).astype(jnp.float32), z), z, taps).astype(self.dtype)
 
 
-def _varying_like(x: jax.Array, z: jax.Array) -> jax.Array:
+def varying_like(x: jax.Array, z: jax.Array) -> jax.Array:
     """x made to vary over the manual axes z varies over (inside shard_map): a custom VJP returns
     gradients as varying as its cotangent, and the sum over those axes then happens outside it,
     in the transpose of this cast, as it does for a differentiated broadcast."""
