@@ -351,6 +351,60 @@ def test_gradients_are_all_reduced_once_per_step_after_the_micro_batches():
     assert priced2.communication["dp all-reduce"] == pytest.approx(priced1.communication["dp all-reduce"])
 
 
+@pytest.mark.slow
+def test_pipeline_stages_of_whole_parameters_all_reduce_once_per_step():
+    """pp = 2 on dp = 2 with 2 micro-batches: no stage's backward reduces anything; each
+    stage's update all-reduces its gradients once, in its parameters' shapes, and the last
+    stage's forward sums its micro-batch's loss (a scalar). With one micro-batch, and with op = 2
+    (its parameters sharded), each backward all-reduces as before. The cost model charges each
+    stage of the first plan one all-reduce a step, of the others one per micro-batch."""
+    from tests.conftest import run_on_devices
+
+    proc = run_on_devices(8, r"""
+        import json, re
+        import jax
+        from codesign.engine import programs
+        from codesign.engine.pipeline import build_pipeline
+        from codesign.planner.plan import make_plan
+        from codesign.spec.types import ClusterSpec, Job, ModelSpec, ParallelSpec, TrainingSpec
+        model = ModelSpec(16, 8, 4, 2, (("DOT", "ATTENTION", "LINEAR", "CONVOLUTION"),) * 2)
+
+        def reduced(text):  # the f32 shapes of each all-reduce in a compiled program
+            return [sorted(re.findall(r"f32\[([\d,]*)\]", l.split(" all-reduce")[0]))
+                    for l in text.splitlines() if re.search(r" all-reduce(-start)?\(", l)]
+
+        found = {}
+        for micro, op in ((2, 1), (1, 1), (2, 2)):
+            job = Job(model, ClusterSpec(1, 4 * op, "NVLink", "cpu"), TrainingSpec(4, 2),
+                      ParallelSpec("pp", (micro,), 2, pp_dp_op=(2, 2, op)), micro, "cpu")
+            plan = make_plan(job)
+            stages = []
+            for index, (stage, built) in enumerate(zip(plan.stages, build_pipeline(job, plan).stages)):
+                abstract, _ = programs.stage_parameters(job, plan, stage, programs.stage_mesh(stage))
+                update = reduced(built.update.as_text())
+                stages.append({"forward": reduced(built.forward.as_text()),
+                               "backward": len(reduced(built.backward.as_text())),
+                               "update": len(update),
+                               "update shapes": update == [sorted(",".join(map(str, a.shape))
+                                                                  for a in jax.tree.leaves(abstract))]})
+            found[f"mb{micro} op{op}"] = stages
+        print(json.dumps(found))
+    """)
+    found = json.loads(proc.stdout.strip().splitlines()[-1])
+    once = found["mb2 op1"]
+    assert [s["backward"] for s in once] == [0, 0] and [s["update"] for s in once] == [1, 1], once
+    assert all(s["update shapes"] for s in once), once
+    assert once[0]["forward"] == [] and once[1]["forward"] == [[""]], once
+    for each in (found["mb1 op1"], found["mb2 op2"]):
+        assert all(s["backward"] >= 1 and s["update"] == 0 for s in each), each
+    def sync(micro: int, op: int) -> float:
+        return priced(job(model=SMALL, batch=8, per_host=4 * op, pp_dp_op=(2, 2, op), micro=micro, device="cpu",
+                          num_auto_layers=2)).communication["dp all-reduce"]
+
+    assert sync(2, 1) == pytest.approx(sync(1, 1)) == pytest.approx(sync(4, 1))
+    assert sync(4, 2) == pytest.approx(4 * sync(1, 2))
+
+
 def test_cpu_devices_share_one_memory_system_and_sync_one_array_at_a_time():
     cpu = BUILTIN["cpu"]
     w = Workload.of(job(model=SMALL, batch=16, device="cpu", per_host=8, pp_dp_op=(1, 8, 1)), cpu)

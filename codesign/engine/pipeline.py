@@ -7,6 +7,8 @@ before step 0,
   the caller holds anyway (parameters, the stage's inputs), so no micro-batch keeps a weight copy;
 - backward(params, inputs, residuals, cotangent, grads) -> (grads, input cotangent): the vjp
   applied without recomputation (beyond remat), gradients accumulated into a donated buffer;
+  where the stage's parameters are whole on each of its dp devices and several micro-batches
+  run, each device keeps its own sum, and nothing is reduced until the update (deferred_axis);
 - update(params, opt_state, grads) -> (params, opt_state, zeroed grads): one Adam step per
   iteration; Adam is elementwise, so per-stage updates equal the single-program one.
 The host dispatches these in the schedule's order (dispatch is asynchronous, so that order is the
@@ -32,6 +34,7 @@ from codesign.engine import programs
 from codesign.planner.plan import Plan
 from codesign.planner.schedule import FORWARD, dispatch_order, max_in_flight
 from codesign.spec.types import Job
+from codesign.zhen import network
 
 log = logging.getLogger(__name__)
 
@@ -124,18 +127,22 @@ class _VjpLayout:
 
 def stage_programs(job: Job, plan: Plan, index: int, activations: NamedSharding,
                    grad_shardings: dict) -> tuple[Callable, Callable]:
-    """The stage's (forward, backward) functions, to be jitted; see the module docstring."""
+    """The stage's (forward, backward) functions, to be jitted; see the module docstring. Where
+    the stage syncs once (deferred_axis), each device runs them on its own batch shard
+    (_per_shard): its gradients accumulate apart, on a leading axis, until the update."""
     stage, last = plan.stages[index], index == len(plan.stages) - 1
     apply = programs.apply_groups(job, stage.groups, plan.remat)
     dtype = programs.DTYPES[job.training.precision]
     layout = _VjpLayout()
+    axis = deferred_axis(plan, index)
+    shards = 1 if axis is None else activations.mesh.shape[axis]
 
     def run(params, diff, const):
         carry = diff[0] if index > 0 else (const[0].astype(dtype), None)
         out = apply(params, carry)
-        if last:
-            return programs.mse(out[1], const[-1]) / plan.num_micro_batches
-        return jax.lax.with_sharding_constraint(out, activations)
+        if last:  # a shard's mean over its samples, a 1/shards share of the micro-batch's
+            return programs.mse(out[1], const[-1]) / (plan.num_micro_batches * shards)
+        return out if axis else jax.lax.with_sharding_constraint(out, activations)
 
     def split(inputs):  # (differentiable, constant): stage 0 takes x; the last also takes y
         return (inputs[:0], inputs) if index == 0 else (inputs[:1], inputs[1:])
@@ -148,11 +155,66 @@ def stage_programs(job: Job, plan: Plan, index: int, activations: NamedSharding,
     def backward(params, inputs, residuals, cotangent, grads):
         vjp = layout.join(residuals, jax.tree.leaves((params, inputs)))
         dparams, ddiff = vjp(cotangent)
-        grads = jax.lax.with_sharding_constraint(jax.tree.map(jnp.add, grads, dparams), grad_shardings)
-        back = jax.lax.with_sharding_constraint(ddiff[0], activations) if ddiff else None
-        return grads, back
+        grads = jax.tree.map(jnp.add, grads, dparams)
+        back = ddiff[0] if ddiff else None
+        if axis:
+            return grads, back
+        back = None if back is None else jax.lax.with_sharding_constraint(back, activations)
+        return jax.lax.with_sharding_constraint(grads, grad_shardings), back
 
-    return forward, backward
+    if axis is None:
+        return forward, backward
+    return _per_shard(forward, backward, activations.mesh, axis, last)
+
+
+def deferred_axis(plan: Plan, index: int) -> str | None:
+    """The batch's mesh axis where stage `index` reduces its gradients once per step
+    (Plan.syncs_once) over more than one device, else None."""
+    stage = plan.stages[index]
+    once = plan.syncs_once(len(plan.stages), stage.op)
+    return plan.batch_axis if once and stage.dp > 1 else None
+
+
+def _per_shard(forward: Callable, backward: Callable, mesh, axis: str, last: bool) -> tuple[Callable, Callable]:
+    """forward and backward as each device's own (shard_map over the batch axis), parameters cast
+    to varying so that their gradients stay the device's; residuals and the gradient sum carry a
+    leading axis of one entry per device. Left to XLA, every micro-batch's backward all-reduced
+    its gradients (the accumulator held them whole), and XLA:CPU added them through transposing
+    copies."""
+    batch = P(axis)
+
+    def varying(tree, like):
+        return jax.tree.map(lambda a: network.varying_like(a, like), tree)
+
+    def local_forward(params, inputs):
+        like = jax.tree.leaves(inputs)[0]
+        out, residuals = forward(varying(params, like), inputs)
+        return (jax.lax.psum(out, axis) if last else out), [r[None] for r in residuals]
+
+    def local_backward(params, inputs, residuals, cotangent, grads):
+        like = jax.tree.leaves(inputs)[0]
+        grads, back = backward(varying(params, like), inputs, [r[0] for r in residuals],
+                               varying(cotangent, like), jax.tree.map(lambda g: g[0], grads))
+        return jax.tree.map(lambda g: g[None], grads), back
+
+    def sharded_forward(params, inputs):
+        return jax.shard_map(local_forward, mesh=mesh, in_specs=(P(), batch),
+                             out_specs=(P() if last else batch, batch))(params, inputs)
+
+    def sharded_backward(params, inputs, residuals, cotangent, grads):
+        return jax.shard_map(local_backward, mesh=mesh, in_specs=(P(), batch, batch, P() if last else batch, batch),
+                             out_specs=(batch, batch))(params, inputs, residuals, cotangent, grads)
+
+    return sharded_forward, sharded_backward
+
+
+def summed_gradients(mesh, axis: str | None) -> Callable:
+    """The accumulator's gradients, summed over its leading per-device axis where the stage
+    defers its sync (one psum of all of them), else as they are."""
+    if axis is None:
+        return lambda grads: grads
+    return jax.shard_map(lambda grads: jax.lax.psum(jax.tree.map(lambda g: g[0], grads), axis), mesh=mesh,
+                         in_specs=P(axis), out_specs=P())
 
 
 def build_pipeline(job: Job, plan: Plan, values: programs.StartingValues = programs.JOB_VALUES) -> Pipeline:
@@ -202,6 +264,7 @@ class LoweredStage:
     lowering: float  # seconds lowering the forward took (counted as compile time)
     backward: Callable
     update: Callable
+    described: dict[str, Any]  # programs.describe_shardings of its parameters and their gradients
 
 
 def _lower_stage(job: Job, plan: Plan, index: int, mesh, activations: NamedSharding, inputs: tuple,
@@ -210,35 +273,52 @@ def _lower_stage(job: Job, plan: Plan, index: int, mesh, activations: NamedShard
     abstract, shardings = programs.stage_parameters(job, plan, stage, mesh)
     grad_shardings = programs.gradient_shardings(plan, shardings, abstract)
     opt_shardings = programs.optimizer_shardings(optimizer, abstract, grad_shardings, mesh)
-    state = programs.init_state(job, stage, optimizer, (shardings, opt_shardings, grad_shardings), initial=initial)
+    axis = deferred_axis(plan, index)
+    if axis is None:
+        state = programs.init_state(job, stage, optimizer, (shardings, opt_shardings, grad_shardings), initial=initial)
+        sum_shardings = grad_shardings
+    else:
+        state, sum_shardings = _with_accumulator(
+            programs.init_state(job, stage, optimizer, (shardings, opt_shardings), initial=initial), mesh, axis)
     forward, backward = stage_programs(job, plan, index, activations, grad_shardings)
+    summed = summed_gradients(mesh, axis)
 
     def update(params, opt_state, grads):
-        updates, opt_state = optimizer.update(grads, opt_state, params)
+        updates, opt_state = optimizer.update(summed(grads), opt_state, params)
         return optax.apply_updates(params, updates), opt_state, jax.tree.map(jnp.zeros_like, grads)
 
     start = time.perf_counter()
     lowered = jax.jit(forward).lower(state[0], inputs)
-    return LoweredStage(index, state, (shardings, opt_shardings, grad_shardings), inputs, activations, lowered,
-                        time.perf_counter() - start, backward, update)
+    return LoweredStage(index, state, (shardings, opt_shardings, sum_shardings), inputs, activations, lowered,
+                        time.perf_counter() - start, backward, update,
+                        programs.describe_shardings(shardings, grad_shardings))
+
+
+def _with_accumulator(state: tuple[Any, Any], mesh, axis: str) -> tuple[tuple[Any, Any, Any], dict]:
+    """(params, opt_state) plus a zeroed gradient sum with one entry per device of the batch axis
+    on a leading axis, and where that sum lives."""
+    shards = mesh.shape[axis]
+    shardings = jax.tree.map(lambda p: NamedSharding(mesh, P(axis, *([None] * p.ndim))), state[0])
+    zeros = jax.jit(lambda: jax.tree.map(lambda p: jnp.zeros((shards, *p.shape), p.dtype), state[0]),
+                    out_shardings=shardings)()
+    return (*state, zeros), shardings
 
 
 def _compile_stage(part: LoweredStage, one: jax.Array | None) -> Stage:
     """One stage's programs, compiled in a thread beside the other stages' (XLA compiles outside
     the GIL; a stage's backward needs its compiled forward's residual shardings, not the other
     stages')."""
-    (params, opt_state, grads), (shardings, opt_shardings, grad_shardings) = part.state, part.shardings
+    (params, opt_state, grads), (shardings, opt_shardings, sum_shardings) = part.state, part.shardings
     fwd = part.forward.compile()
     out, residuals = fwd.out_info
     cotangent = one if one is not None else _on(out, part.activations)
     bwd = jax.jit(part.backward, donate_argnums=(4,)).lower(params, part.inputs, residuals, cotangent, grads).compile()
-    upd = jax.jit(part.update, donate_argnums=(0, 1, 2), out_shardings=(shardings, opt_shardings, grad_shardings)
+    upd = jax.jit(part.update, donate_argnums=(0, 1, 2), out_shardings=(shardings, opt_shardings, sum_shardings)
                   ).lower(params, opt_state, grads).compile()
     memory = {"forward": programs.compiled_memory(fwd), "backward": programs.compiled_memory(bwd),
               "update": programs.compiled_memory(upd),
               "inputs": device_bytes(part.inputs[:1]) if part.index > 0 else 0, "residuals": device_bytes(residuals)}
-    return Stage(fwd, bwd, upd, params, opt_state, grads, part.activations, memory,
-                 programs.describe_shardings(shardings, grad_shardings))
+    return Stage(fwd, bwd, upd, params, opt_state, grads, part.activations, memory, part.described)
 
 
 def _on(tree, sharding: NamedSharding):
