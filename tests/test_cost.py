@@ -352,12 +352,13 @@ def test_gradients_are_all_reduced_once_per_step_after_the_micro_batches():
 
 
 @pytest.mark.slow
-def test_pipeline_stages_of_whole_parameters_all_reduce_once_per_step():
+def test_pipeline_stages_on_dp_all_reduce_once_per_step():
     """pp = 2 on dp = 2 with 2 micro-batches: no stage's backward reduces anything; each
     stage's update all-reduces its gradients once, in its parameters' shapes, and the last
-    stage's forward sums its micro-batch's loss (a scalar). With one micro-batch, and with op = 2
-    (its parameters sharded), each backward all-reduces as before. The cost model charges each
-    stage of the first plan one all-reduce a step, of the others one per micro-batch."""
+    stage's forward sums its micro-batch's loss (a scalar). With op = 2 too, each update
+    all-reduces once (the backward keeps op's own collectives). With one micro-batch each
+    backward all-reduces as before. The cost model charges a stage one all-reduce a step where
+    it defers, one per micro-batch under ZeRO-2."""
     from tests.conftest import run_on_devices
 
     proc = run_on_devices(8, r"""
@@ -395,14 +396,16 @@ def test_pipeline_stages_of_whole_parameters_all_reduce_once_per_step():
     assert [s["backward"] for s in once] == [0, 0] and [s["update"] for s in once] == [1, 1], once
     assert all(s["update shapes"] for s in once), once
     assert once[0]["forward"] == [] and once[1]["forward"] == [[""]], once
-    for each in (found["mb1 op1"], found["mb2 op2"]):
-        assert all(s["backward"] >= 1 and s["update"] == 0 for s in each), each
-    def sync(micro: int, op: int) -> float:
-        return priced(job(model=SMALL, batch=8, per_host=4 * op, pp_dp_op=(2, 2, op), micro=micro, device="cpu",
-                          num_auto_layers=2)).communication["dp all-reduce"]
+    assert [s["update"] for s in found["mb2 op2"]] == [1, 1], found["mb2 op2"]
+    assert all(s["backward"] >= 1 and s["update"] == 0 for s in found["mb1 op1"]), found["mb1 op1"]
 
-    assert sync(2, 1) == pytest.approx(sync(1, 1)) == pytest.approx(sync(4, 1))
-    assert sync(4, 2) == pytest.approx(4 * sync(1, 2))
+    def sync(micro: int, **options) -> float:
+        return priced(job(model=SMALL, batch=8, per_host=8, pp_dp_op=(2, 2, 2), micro=micro, device="cpu",
+                          num_auto_layers=2, **options)).communication["dp all-reduce"]
+
+    assert sync(2) == pytest.approx(sync(1)) == pytest.approx(sync(4))
+    zero2 = (("prefer_reduce_scatter", True),)
+    assert sync(4, auto_sharding_option=zero2) == pytest.approx(4 * sync(1, auto_sharding_option=zero2))
 
 
 def test_cpu_devices_share_one_memory_system_and_sync_one_array_at_a_time():

@@ -1,6 +1,6 @@
 """op, dp with micro-batches (per leaf, and flat as on a GPU, also with a leaf whole beside the
-vector), the batch on op and ZeRO-2 against the single-device reference (the fixture's dp and
-dp x op plans are test_pipeline.py's)."""
+vector), the batch on op, ZeRO-2 and a pipeline of dp x op stages against the single-device
+reference (the fixture's dp and dp x op plans, and its pipelines, are test_pipeline.py's)."""
 
 import json
 
@@ -17,7 +17,7 @@ from tests.reference import differences, live_leaves, two_steps
 model = ModelSpec(16, 8, 4, 2, (("ATTENTION", "LINEAR", "DOT", "CONVOLUTION"), ("DOT", "ATTENTION")))
 def job(devices, pp_dp_op, micro, options=(), per_device=None):
     training = TrainingSpec(per_device or 32 // devices, 4)
-    parallel = ParallelSpec("test", (micro,), 1, False, pp_dp_op, None, options)
+    parallel = ParallelSpec("test", (micro,), pp_dp_op[0], False, pp_dp_op, None, options)
     return Job(model, ClusterSpec(1, devices, "NVLink", "cpu"), training, parallel, micro, "cpu")
 
 reference = two_steps(job(1, (1, 1, 1), 1))
@@ -26,7 +26,7 @@ live = live_leaves(reference)
 cases = {"op4": job(4, (1, 1, 4), 1), "dp4 mb4": job(4, (1, 4, 1), 4),
          "batch on op": job(4, (1, 2, 2), 1, (("force_batch_dim_to_mesh_dim", 1),)),
          "dp2xop2 mb2 zero2": job(4, (1, 2, 2), 2, (("prefer_reduce_scatter", True),)),
-         "single mb2": job(1, (1, 1, 1), 2, per_device=32)}
+         "single mb2": job(1, (1, 1, 1), 2, per_device=32), "pp2 dp2xop2 mb2": job(8, (2, 2, 2), 2)}
 result = {name: differences(two_steps(j), reference, live) for name, j in cases.items()}
 from codesign.engine import step
 step.FLAT_STATE = {"cpu": True}  # a GPU's default: replicated state as flat vectors, one gradient all-reduce
@@ -39,9 +39,9 @@ print(json.dumps({"ref": reference["losses"], "live": sum(live), "leaves": len(l
 
 @pytest.mark.slow
 def test_parallel_plans_match_single_device_reference():
-    out = json.loads(run_on_devices(4, SCRIPT, xla_flags=FAST_XLA).stdout.strip().splitlines()[-1])
+    out = json.loads(run_on_devices(8, SCRIPT, xla_flags=FAST_XLA).stdout.strip().splitlines()[-1])
     assert out["ref"][1] < out["ref"][0]  # the reference itself trains
     assert out["live"] >= out["leaves"] - 6
-    assert len(out["cases"]) == 7
+    assert len(out["cases"]) == 8
     for name, diff in out["cases"].items():
         assert_matches(name, diff)

@@ -7,8 +7,8 @@ before step 0,
   the caller holds anyway (parameters, the stage's inputs), so no micro-batch keeps a weight copy;
 - backward(params, inputs, residuals, cotangent, grads) -> (grads, input cotangent): the vjp
   applied without recomputation (beyond remat), gradients accumulated into a donated buffer;
-  where the stage's parameters are whole on each of its dp devices and several micro-batches
-  run, each device keeps its own sum, and nothing is reduced until the update (deferred_axis);
+  with the batch on dp (dp > 1, not ZeRO-2) and several micro-batches, each batch shard keeps
+  its own sum, and nothing is reduced until the update (deferred_axis);
 - update(params, opt_state, grads) -> (params, opt_state, zeroed grads): one Adam step per
   iteration; Adam is elementwise, so per-stage updates equal the single-program one.
 The host dispatches these in the schedule's order (dispatch is asynchronous, so that order is the
@@ -170,18 +170,16 @@ def stage_programs(job: Job, plan: Plan, index: int, activations: NamedSharding,
 def deferred_axis(plan: Plan, index: int) -> str | None:
     """The batch's mesh axis where stage `index` reduces its gradients once per step
     (Plan.syncs_once) over more than one device, else None."""
-    stage = plan.stages[index]
-    once = plan.syncs_once(len(plan.stages), stage.op)
-    return plan.batch_axis if once and stage.dp > 1 else None
+    return plan.batch_axis if plan.syncs_once(len(plan.stages)) and plan.stages[index].dp > 1 else None
 
 
 def _per_shard(forward: Callable, backward: Callable, mesh, axis: str, last: bool) -> tuple[Callable, Callable]:
-    """forward and backward as each device's own (shard_map over the batch axis), parameters cast
-    to varying so that their gradients stay the device's; residuals and the gradient sum carry a
-    leading axis of one entry per device. Left to XLA, every micro-batch's backward all-reduced
-    its gradients (the accumulator held them whole), and XLA:CPU added them through transposing
-    copies."""
-    batch = P(axis)
+    """forward and backward as each batch shard's own (shard_map over the batch axis; XLA still
+    splits the op axis), parameters cast to varying so that their gradients stay the shard's;
+    residuals and the gradient sum carry a leading axis of one entry per shard. Left to XLA,
+    every micro-batch's backward all-reduced its gradients (the accumulator held them whole),
+    and XLA:CPU added them through transposing copies."""
+    batch, manual = P(axis), manual_axes(mesh, axis)
 
     def varying(tree, like):
         return jax.tree.map(lambda a: network.varying_like(a, like), tree)
@@ -199,11 +197,11 @@ def _per_shard(forward: Callable, backward: Callable, mesh, axis: str, last: boo
 
     def sharded_forward(params, inputs):
         return jax.shard_map(local_forward, mesh=mesh, in_specs=(P(), batch),
-                             out_specs=(P() if last else batch, batch))(params, inputs)
+                             out_specs=(P() if last else batch, batch), axis_names=manual)(params, inputs)
 
     def sharded_backward(params, inputs, residuals, cotangent, grads):
         return jax.shard_map(local_backward, mesh=mesh, in_specs=(P(), batch, batch, P() if last else batch, batch),
-                             out_specs=(batch, batch))(params, inputs, residuals, cotangent, grads)
+                             out_specs=(batch, batch), axis_names=manual)(params, inputs, residuals, cotangent, grads)
 
     return sharded_forward, sharded_backward
 
@@ -214,7 +212,13 @@ def summed_gradients(mesh, axis: str | None) -> Callable:
     if axis is None:
         return lambda grads: grads
     return jax.shard_map(lambda grads: jax.lax.psum(jax.tree.map(lambda g: g[0], grads), axis), mesh=mesh,
-                         in_specs=P(axis), out_specs=P())
+                         in_specs=P(axis), out_specs=P(), axis_names=manual_axes(mesh, axis))
+
+
+def manual_axes(mesh, axis: str) -> set[str]:
+    """The batch axis and every axis of one device: the mesh's others (op > 1) stay XLA's to
+    split. With op = 1 left automatic, XLA:CPU's forward had 9 more transposes."""
+    return {axis} | {name for name, size in mesh.shape.items() if size == 1}
 
 
 def build_pipeline(job: Job, plan: Plan, values: programs.StartingValues = programs.JOB_VALUES) -> Pipeline:
@@ -279,7 +283,7 @@ def _lower_stage(job: Job, plan: Plan, index: int, mesh, activations: NamedShard
         sum_shardings = grad_shardings
     else:
         state, sum_shardings = _with_accumulator(
-            programs.init_state(job, stage, optimizer, (shardings, opt_shardings), initial=initial), mesh, axis)
+            programs.init_state(job, stage, optimizer, (shardings, opt_shardings), initial=initial), shardings, axis)
     forward, backward = stage_programs(job, plan, index, activations, grad_shardings)
     summed = summed_gradients(mesh, axis)
 
@@ -294,11 +298,11 @@ def _lower_stage(job: Job, plan: Plan, index: int, mesh, activations: NamedShard
                         programs.describe_shardings(shardings, grad_shardings))
 
 
-def _with_accumulator(state: tuple[Any, Any], mesh, axis: str) -> tuple[tuple[Any, Any, Any], dict]:
-    """(params, opt_state) plus a zeroed gradient sum with one entry per device of the batch axis
-    on a leading axis, and where that sum lives."""
-    shards = mesh.shape[axis]
-    shardings = jax.tree.map(lambda p: NamedSharding(mesh, P(axis, *([None] * p.ndim))), state[0])
+def _with_accumulator(state: tuple[Any, Any], param_shardings: dict, axis: str) -> tuple[tuple[Any, Any, Any], dict]:
+    """(params, opt_state) plus a zeroed gradient sum with one entry per batch shard on a leading
+    axis, each placed like its parameter, and where that sum lives."""
+    shardings = jax.tree.map(lambda s: NamedSharding(s.mesh, P(axis, *s.spec)), param_shardings)
+    shards = jax.tree.leaves(param_shardings)[0].mesh.shape[axis]
     zeros = jax.jit(lambda: jax.tree.map(lambda p: jnp.zeros((shards, *p.shape), p.dtype), state[0]),
                     out_shardings=shardings)()
     return (*state, zeros), shardings

@@ -299,7 +299,7 @@ def _variant(pricer: Pricer, synthetic: Workload, v: Variant, mesh: Submesh, com
     params = stage_params(synthetic, [0], v.op) * PARAM_BYTES
     grads = params / v.dp if v.zero else params
     accumulate = accumulate_time(grads, profile, profile.memory_share(n), micro)
-    once = v.axis == "dp" and not v.zero  # Plan.syncs_once(1, op)
+    once = v.axis == "dp" and not v.zero  # Plan.syncs_once(1)
     seconds = (profile.call_cost(n) + micro * (compute + accumulate + (0 if once else sync))
                - (micro - 1) * overhead + update + (sync if once else 0))
     shards = v.dp if v.axis == "dp" else v.op

@@ -495,7 +495,7 @@ def stage_cost(w: Workload, stage: StagePlan, index: int, plan: Plan, busy: int,
     if pp > 1 and index > 0:  # the inputs it holds for each in-flight micro-batch
         held = in_flight * w.micro_batch / mesh.batch_shards * w.activation_bytes * _carry_in(w.model, stage.layers[0])
         memory = Memory(memory.params, memory.grads, memory.adam, memory.activations + held, memory.workspace)
-    once = plan.syncs_once(pp, stage.op)  # after the last micro-batch, else in each one's backward
+    once = plan.syncs_once(pp)  # after the last micro-batch, else in each one's backward
     communication = {k: micro * v for k, v in comm.items()}
     communication[sync_kind] = communication.get(sync_kind, 0.0) + (1 if once else micro) * sync
     if gather:

@@ -55,17 +55,14 @@ class Plan:
         """Logical axis -> mesh axis: batch on its axis, MLP hidden dims split over op."""
         return (("batch", self.batch_axis), ("mlp", "op"))
 
-    def syncs_once(self, pp: int, op: int) -> bool:
-        """Whether a stage of a pp-stage plan, op devices wide, reduces its gradients once per
-        step, after its micro-batches: the batch on dp and not ZeRO-2 (whose reduce-scatter per
-        micro-batch keeps only a shard of the gradients), and either the plan's only stage
-        (engine.step.accumulate keeps each batch shard's gradients apart until then) or a
-        pipeline stage of several micro-batches whose parameters are whole on each device,
-        op = 1 (engine.pipeline.deferred_axis; with one micro-batch its backward's all-reduce
-        measured 7% faster on CPU than the deferred one). Other pipeline stages reduce in each
-        micro-batch's backward."""
-        once_in_pipeline = op == 1 and self.num_micro_batches > 1
-        return self.batch_axis == "dp" and not self.reduce_scatter and (pp == 1 or once_in_pipeline)
+    def syncs_once(self, pp: int) -> bool:
+        """Whether the stages of a pp-stage plan reduce their gradients once per step, after their
+        micro-batches: the batch on dp and not ZeRO-2 (whose reduce-scatter per micro-batch keeps
+        only a shard of the gradients), and either a single stage (engine.step.accumulate keeps
+        each batch shard's gradients apart until then) or pipeline stages of several
+        micro-batches (engine.pipeline.deferred_axis: with one micro-batch the backward's
+        all-reduce measured 7% faster on CPU than the deferred one)."""
+        return self.batch_axis == "dp" and not self.reduce_scatter and (pp == 1 or self.num_micro_batches > 1)
 
     def describe(self, shardings: tuple[dict[str, Any], ...] = ()) -> dict[str, Any]:
         """all_configs["plan"]: concrete devices, layers and (once built) shardings of every stage."""
