@@ -356,9 +356,8 @@ def test_pipeline_stages_on_dp_all_reduce_once_per_step():
     """pp = 2 on dp = 2 with 2 micro-batches: no stage's backward reduces anything; each
     stage's update all-reduces its gradients once, in its parameters' shapes, and the last
     stage's forward sums its micro-batch's loss (a scalar). With op = 2 too, each update
-    all-reduces once (the backward keeps op's own collectives). With one micro-batch each
-    backward all-reduces as before. The cost model charges a stage one all-reduce a step where
-    it defers, one per micro-batch under ZeRO-2."""
+    all-reduces once (the backward keeps op's own collectives). The cost model charges a stage
+    one all-reduce a step where it defers, one per micro-batch under ZeRO-2."""
     from tests.conftest import run_on_devices
 
     proc = run_on_devices(8, r"""
@@ -375,7 +374,7 @@ def test_pipeline_stages_on_dp_all_reduce_once_per_step():
                     for l in text.splitlines() if re.search(r" all-reduce(-start)?\(", l)]
 
         found = {}
-        for micro, op in ((2, 1), (1, 1), (2, 2)):
+        for micro, op in ((2, 1), (2, 2)):
             job = Job(model, ClusterSpec(1, 4 * op, "NVLink", "cpu"), TrainingSpec(4, 2),
                       ParallelSpec("pp", (micro,), 2, pp_dp_op=(2, 2, op)), micro, "cpu")
             plan = make_plan(job)
@@ -397,7 +396,6 @@ def test_pipeline_stages_on_dp_all_reduce_once_per_step():
     assert all(s["update shapes"] for s in once), once
     assert once[0]["forward"] == [] and once[1]["forward"] == [[""]], once
     assert [s["update"] for s in found["mb2 op2"]] == [1, 1], found["mb2 op2"]
-    assert all(s["backward"] >= 1 and s["update"] == 0 for s in found["mb1 op1"]), found["mb1 op1"]
 
     def sync(micro: int, **options) -> float:
         return priced(job(model=SMALL, batch=8, per_host=8, pp_dp_op=(2, 2, 2), micro=micro, device="cpu",
