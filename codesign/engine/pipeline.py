@@ -128,7 +128,7 @@ class _VjpLayout:
 def stage_programs(job: Job, plan: Plan, index: int, activations: NamedSharding,
                    grad_shardings: dict) -> tuple[Callable, Callable]:
     """The stage's (forward, backward) functions, to be jitted; see the module docstring. Where
-    the stage syncs once (deferred_axis), each device runs them on its own batch shard
+    the stage syncs once (deferred_axis), each batch shard runs them on its own samples
     (_per_shard): its gradients accumulate apart, on a leading axis, until the update."""
     stage, last = plan.stages[index], index == len(plan.stages) - 1
     apply = programs.apply_groups(job, stage.groups, plan.remat)
@@ -207,7 +207,7 @@ def _per_shard(forward: Callable, backward: Callable, mesh, axis: str, last: boo
 
 
 def summed_gradients(mesh, axis: str | None) -> Callable:
-    """The accumulator's gradients, summed over its leading per-device axis where the stage
+    """The accumulator's gradients, summed over its leading per-shard axis where the stage
     defers its sync (one psum of all of them), else as they are."""
     if axis is None:
         return lambda grads: grads

@@ -305,8 +305,7 @@ def build_single_stage(job: Job, plan: Plan, values: programs.StartingValues = p
 
 def deferred_sync(plan: Plan, mesh: Mesh, shardings: dict) -> tuple[Mesh, str, dict] | None:
     """accumulate's per_shard where the plan reduces its gradients once per step (Plan.syncs_once)."""
-    once = plan.syncs_once(1) and mesh.shape[plan.batch_axis] > 1
-    return (mesh, plan.batch_axis, shardings) if once else None
+    return (mesh, plan.batch_axis, shardings) if plan.syncs_once(1) and mesh.shape[plan.batch_axis] > 1 else None
 
 
 def _placed(shapes: Any, shardings: Any) -> Any:

@@ -259,10 +259,10 @@ def _unique(plans: Iterable[Plan]) -> list[Plan]:
 class StageTable:
     """Per (group range, block size, pipeline slot): the fastest (dp, op) that fits, and its time
     per micro-batch (forward + backward, with its gradient sync where that runs in each
-    micro-batch's backward, Plan.syncs_once). A stage's time does not depend
-    on its slot; its memory depends on it through whether it is the first or last stage and how
-    many micro-batches it holds, and grows with the latter, so each mesh is asked once how many
-    it can hold."""
+    micro-batch's backward, Plan.syncs_once). A stage's time does not depend on its slot; its
+    memory depends on it through whether it is the first or last stage and how many
+    micro-batches it holds, and grows with the latter, so each mesh is asked once how many it
+    can hold."""
 
     def __init__(self, job: Job, workload: Workload):
         self.job, self.w = job, workload
