@@ -34,7 +34,6 @@ from codesign.engine import programs
 from codesign.planner.plan import Plan
 from codesign.planner.schedule import FORWARD, dispatch_order, max_in_flight
 from codesign.spec.types import Job
-from codesign.zhen import network
 
 log = logging.getLogger(__name__)
 
@@ -137,12 +136,15 @@ def stage_programs(job: Job, plan: Plan, index: int, activations: NamedSharding,
     axis = deferred_axis(plan, index)
     shards = 1 if axis is None else activations.mesh.shape[axis]
 
+    def placed(tree, shardings):  # per shard (axis), XLA is not told where the whole goes
+        return tree if axis or tree is None else jax.lax.with_sharding_constraint(tree, shardings)
+
     def run(params, diff, const):
         carry = diff[0] if index > 0 else (const[0].astype(dtype), None)
         out = apply(params, carry)
         if last:  # a shard's mean over its samples, a 1/shards share of the micro-batch's
             return programs.mse(out[1], const[-1]) / (plan.num_micro_batches * shards)
-        return out if axis else jax.lax.with_sharding_constraint(out, activations)
+        return placed(out, activations)
 
     def split(inputs):  # (differentiable, constant): stage 0 takes x; the last also takes y
         return (inputs[:0], inputs) if index == 0 else (inputs[:1], inputs[1:])
@@ -156,11 +158,7 @@ def stage_programs(job: Job, plan: Plan, index: int, activations: NamedSharding,
         vjp = layout.join(residuals, jax.tree.leaves((params, inputs)))
         dparams, ddiff = vjp(cotangent)
         grads = jax.tree.map(jnp.add, grads, dparams)
-        back = ddiff[0] if ddiff else None
-        if axis:
-            return grads, back
-        back = None if back is None else jax.lax.with_sharding_constraint(back, activations)
-        return jax.lax.with_sharding_constraint(grads, grad_shardings), back
+        return placed(grads, grad_shardings), placed(ddiff[0] if ddiff else None, activations)
 
     if axis is None:
         return forward, backward
@@ -179,10 +177,7 @@ def _per_shard(forward: Callable, backward: Callable, mesh, axis: str, last: boo
     residuals and the gradient sum carry a leading axis of one entry per shard. Left to XLA,
     every micro-batch's backward all-reduced its gradients (the accumulator held them whole),
     and XLA:CPU added them through transposing copies."""
-    batch, manual = P(axis), manual_axes(mesh, axis)
-
-    def varying(tree, like):
-        return jax.tree.map(lambda a: network.varying_like(a, like), tree)
+    batch, manual, varying = P(axis), manual_axes(mesh, axis), programs.varying
 
     def local_forward(params, inputs):
         like = jax.tree.leaves(inputs)[0]

@@ -240,6 +240,13 @@ def apply_groups(job: Job, groups: tuple[tuple[int, ...], ...], remat: bool):
     return apply
 
 
+def varying(tree: Any, like: jax.Array) -> Any:
+    """tree cast, leaf by leaf, to vary over the manual axes `like` varies over
+    (network.varying_like): inside shard_map, so that gradients taken with respect to it stay
+    the shard's own until an explicit psum."""
+    return jax.tree.map(lambda a: network.varying_like(a, like), tree)
+
+
 def mse(out: jax.Array, y: jax.Array) -> jax.Array:
     out = out.astype(jnp.float32)
     return jnp.mean((out.reshape(out.shape[0], -1) - y) ** 2)

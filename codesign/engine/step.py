@@ -22,7 +22,6 @@ from jax.sharding import PartitionSpec as P
 from codesign.engine import programs
 from codesign.planner.plan import Plan
 from codesign.spec.types import Job
-from codesign.zhen import network
 
 # Replicated parameters and Adam's state as flat vectors (FlatView), per platform: where it
 # measured faster. On an H200 (bench/gpu_check.sh, seed model, bf16, batch 1024) the step took
@@ -231,10 +230,8 @@ def _deferred_whole(loss: Callable, mesh: Mesh, axis: str, params, xs, ys):
     XLA:CPU added it into the sum through a transposing copy, 6x one device's add (a 2-layer
     F64 D8 O8 model, dp 2: 8 micro-batches 64.1 -> 47.0 ms a step, 2: 40.2 -> 34.5 ms)."""
     def local(params, xs, ys):  # params varying: their gradients stay this device's until the psum
-        def varying(tree):
-            return jax.tree.map(lambda a: network.varying_like(a, xs), tree)
-
-        return jax.lax.psum(_summed(loss, varying(params), xs, ys, start=varying), axis)
+        return jax.lax.psum(_summed(loss, programs.varying(params, xs), xs, ys,
+                                    start=lambda zeros: programs.varying(zeros, xs)), axis)
 
     value, grads = jax.shard_map(local, mesh=mesh, in_specs=(P(), P(None, axis), P(None, axis)),
                                  out_specs=P())(params, xs, ys)
