@@ -364,7 +364,7 @@ def test_pipeline_stages_on_dp_all_reduce_once_per_step():
         import json, re
         import jax
         from codesign.engine import programs
-        from codesign.engine.pipeline import build_pipeline
+        from codesign.engine.pipeline import compile_pipeline
         from codesign.planner.plan import make_plan
         from codesign.spec.types import ClusterSpec, Job, ModelSpec, ParallelSpec, TrainingSpec
         model = ModelSpec(16, 8, 4, 2, (("DOT", "ATTENTION", "LINEAR", "CONVOLUTION"),) * 2)
@@ -379,7 +379,8 @@ def test_pipeline_stages_on_dp_all_reduce_once_per_step():
                       ParallelSpec("pp", (micro,), 2, pp_dp_op=(2, 2, op)), micro, "cpu")
             plan = make_plan(job)
             stages = []
-            for index, (stage, built) in enumerate(zip(plan.stages, build_pipeline(job, plan).stages)):
+            meshes = [programs.stage_mesh(stage) for stage in plan.stages]
+            for index, (stage, built) in enumerate(zip(plan.stages, compile_pipeline(job, plan, meshes).stages)):
                 abstract, _ = programs.stage_parameters(job, plan, stage, programs.stage_mesh(stage))
                 update = reduced(built.update.as_text())
                 stages.append({"forward": reduced(built.forward.as_text()),

@@ -1,6 +1,7 @@
 """The job body in this process: the fit check before allocation, and what is measured."""
 
 import dataclasses
+import json
 import math
 
 import jax
@@ -10,6 +11,7 @@ from codesign.engine import job as job_body
 from codesign.engine import programs
 from codesign.planner.plan import make_plan
 from codesign.spec.types import ClusterSpec, Job, ModelSpec, ParallelSpec, TrainingSpec
+from tests.conftest import run_on_devices
 
 
 class SmallDevice:
@@ -34,6 +36,27 @@ def test_too_big_a_plan_is_oom_before_anything_is_allocated(monkeypatch):
     assert outcome.status == "oom" and not allocated
     assert "GiB per device, the device has 0.00 GiB" in outcome.error
     assert outcome.plan["stages"][0]["device_ids"] == [0]
+
+
+def test_too_big_a_pipeline_is_oom_before_anything_is_allocated():
+    """Every stage compiled on abstract arrays, and the fit checked, before any stage's state is made."""
+    proc = run_on_devices(2, """
+        import dataclasses, json
+        import jax
+        from codesign.engine import job as job_body, programs
+        from tests.test_runtime import JOB, SmallDevice
+        from codesign.spec.types import ClusterSpec, ParallelSpec
+        allocated = []
+        programs.init_state = lambda *a, **k: allocated.append(a)
+        jax.local_devices = lambda: [SmallDevice(1 << 20)]
+        job = dataclasses.replace(JOB, cluster=ClusterSpec(1, 2, "NVLink", "cpu"),
+                                  parallel=ParallelSpec("pipeline", (2,), 2, pp_dp_op=(2, 1, 1)), num_micro_batches=2)
+        outcome = job_body.run_job(job)
+        print(json.dumps([outcome.status, outcome.error, [s["device_ids"] for s in outcome.plan["stages"]], allocated]))
+    """)
+    status, error, devices, allocated = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert (status, devices, allocated) == ("oom", [[0], [1]], []), proc.stderr[-2000:]
+    assert "GiB per device, the device has 0.00 GiB" in error
 
 
 @pytest.mark.slow

@@ -27,7 +27,7 @@ from jax.experimental import multihost_utils
 
 from codesign.engine import pipeline, programs
 from codesign.engine.energy import open_energy_meter
-from codesign.engine.programs import DoesNotFit, ensure_fits
+from codesign.engine.programs import DoesNotFit
 from codesign.engine.step import build_single_stage
 from codesign.errors import PlanError
 from codesign.outcome import FAILED, INVALID, OOM, SUCCEEDED, Outcome, write_outcome
@@ -45,9 +45,7 @@ def build_training(job: Job, plan: Plan, values: programs.StartingValues = progr
                    ) -> programs.Training:
     """The plan's training iteration, compiled (and its memory analysed) before it runs."""
     if len(plan.stages) > 1:
-        training = pipeline.build_pipeline(job, plan, values)
-        ensure_fits(training.memory)
-        return training
+        return pipeline.build_pipeline(job, plan, values)
     return build_single_stage(job, plan, values)
 
 

@@ -27,11 +27,11 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 import optax
-from jax.sharding import NamedSharding
+from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from codesign.engine import programs
-from codesign.planner.plan import Plan
+from codesign.planner.plan import Plan, StagePlan
 from codesign.planner.schedule import FORWARD, dispatch_order, max_in_flight
 from codesign.spec.types import Job
 
@@ -217,27 +217,65 @@ def manual_axes(mesh, axis: str) -> set[str]:
 
 
 def build_pipeline(job: Job, plan: Plan, values: programs.StartingValues = programs.JOB_VALUES) -> Pipeline:
-    """Place, initialise and compile every stage (forward, backward, update) before step 0."""
-    meshes = [programs.stage_mesh(s) for s in plan.stages]
-    last = len(plan.stages) - 1
-    x, y = values.batch(job, plan.num_micro_batches, programs.batch_sharding(meshes[0], plan, leading=1),
-                        programs.batch_sharding(meshes[last], plan, leading=1))
-    activations = [programs.batch_sharding(mesh, plan) for mesh in meshes]
-    xs = jax.jit(list, out_shardings=activations[0])(x)
-    ys = jax.jit(list, out_shardings=activations[last])(y)
-    one = jax.device_put(jnp.ones((), jnp.float32), NamedSharding(meshes[last], P()))
+    """Compile every stage (forward, backward, update), check that the plan fits, then place and
+    initialise the stages' state: a plan that cannot fit fails before anything is allocated."""
+    built = compile_pipeline(job, plan, [programs.stage_mesh(s) for s in plan.stages])
+    programs.ensure_fits(built.memory)
+    first, last = built.stages[0], built.stages[-1]
+    x, y = values.batch(job, plan.num_micro_batches, *built.batch)
+    xs = jax.jit(list, out_shardings=first.inputs)(x)
+    ys = jax.jit(list, out_shardings=last.inputs)(y)
+    one = jax.device_put(jnp.ones((), jnp.float32), NamedSharding(last.inputs.mesh, P()))
+    stages = [_placed_stage(job, plan.stages[part.index], part, built.optimizer, values.params)
+              for part in built.stages]
+    return Pipeline(stages, xs, ys, one, dispatch_order(plan.schedule, len(stages), plan.num_micro_batches),
+                    built.compile_time, built.memory, tuple(s.shardings for s in stages))
+
+
+@dataclass
+class CompiledStage:
+    """A stage's three programs, compiled on abstract arrays, and where its state lives."""
+
+    index: int
+    forward: Any
+    backward: Any
+    update: Any
+    shardings: tuple[Any, Any, Any]  # params, opt_state, the gradient sum
+    accumulator: Any  # the gradient sum's abstract arrays (a leading per-shard axis where the stage defers its sync)
+    inputs: NamedSharding  # where activations and cotangents arriving at the stage live
+    memory: dict[str, Any]
+    described: dict[str, Any]  # programs.describe_shardings of its parameters and their gradients
+
+
+@dataclass
+class CompiledPipeline:
+    stages: list[CompiledStage]
+    optimizer: optax.GradientTransformation
+    batch: tuple[NamedSharding, NamedSharding]  # x's (on stage 0) and y's (on the last), micro-batch leading
+    compile_time: float
+    memory: dict[str, Any]
+
+
+def compile_pipeline(job: Job, plan: Plan, meshes: list[Mesh]) -> CompiledPipeline:
+    """Every stage compiled on abstract arrays, beside the others (the meshes' devices need not be
+    attached: bench/target_plans.py compiles for GPUs it only describes), with its predicted peak."""
+    last = len(meshes) - 1
     optimizer = optax.adam(job.training.learning_rate)
-    lowered, arriving = [], (xs[0],)
+    activations = [programs.batch_sharding(mesh, plan) for mesh in meshes]
+    batch = (programs.batch_sharding(meshes[0], plan, leading=1), programs.batch_sharding(meshes[last], plan, leading=1))
+    x, y = programs.placed_shapes(programs.batch_shapes(job, plan.num_micro_batches), batch)
+    lowered, arriving = [], (_micro_batch(x, activations[0]),)
     for index, mesh in enumerate(meshes):
-        inputs = arriving + ((ys[0],) if index == last else ())
-        lowered.append(_lower_stage(job, plan, index, mesh, activations[index], inputs, optimizer, values.params))
+        inputs = arriving + ((_micro_batch(y, activations[last]),) if index == last else ())
+        lowered.append(_lower_stage(job, plan, index, mesh, activations[index], inputs, optimizer))
         if index < last:
             arriving = (_on(lowered[-1].forward.out_info[0], activations[index + 1]),)
+    one = jax.ShapeDtypeStruct((), jnp.float32, sharding=NamedSharding(meshes[last], P()))
     start = time.perf_counter()
     with ThreadPoolExecutor(max_workers=len(lowered)) as pool:
         stages = list(pool.map(lambda part: _compile_stage(part, one if part.index == last else None), lowered))
     compile_time = time.perf_counter() - start + sum(part.lowering for part in lowered)
-    data = {0: device_bytes(xs), last: device_bytes(ys)}
+    data = {0: device_bytes(x), last: device_bytes(y)}
     for index, stage in enumerate(stages):
         stage.memory = _stage_peak(stage.memory, plan, index, data.get(index, 0))
     memory = {"peak": max(s.memory["peak"] for s in stages),
@@ -245,40 +283,34 @@ def build_pipeline(job: Job, plan: Plan, values: programs.StartingValues = progr
               "stages": [s.memory for s in stages]}
     log.info("compiled %d stages in %.1f s; predicted peak %.1f MiB per device", len(stages),
              compile_time, memory["peak"] / 2**20)
-    return Pipeline(stages, xs, ys, one, dispatch_order(plan.schedule, len(stages), plan.num_micro_batches),
-                    compile_time, memory, tuple(s.shardings for s in stages))
+    return CompiledPipeline(stages, optimizer, batch, compile_time, memory)
 
 
 @dataclass
 class LoweredStage:
-    """A stage initialised, its forward lowered (the next stage's input is its output's shape),
-    the rest still to compile."""
+    """A stage's forward lowered (the next stage's input is its output's shape), the rest still to compile."""
 
     index: int
-    state: tuple[Any, Any, Any]  # params, opt_state, grads
-    shardings: tuple[Any, Any, Any]  # ... and where each lives
+    state: tuple[Any, Any, Any]  # params, opt_state, the gradient sum: abstract, placed
     inputs: tuple
     activations: NamedSharding
     forward: Any  # jax.stages.Lowered
     lowering: float  # seconds lowering the forward took (counted as compile time)
     backward: Callable
     update: Callable
-    described: dict[str, Any]  # programs.describe_shardings of its parameters and their gradients
+    described: dict[str, Any]
 
 
-def _lower_stage(job: Job, plan: Plan, index: int, mesh, activations: NamedSharding, inputs: tuple,
-                 optimizer, initial: programs.ParamSource) -> LoweredStage:
+def _lower_stage(job: Job, plan: Plan, index: int, mesh: Mesh, activations: NamedSharding, inputs: tuple,
+                 optimizer: optax.GradientTransformation) -> LoweredStage:
     stage = plan.stages[index]
     abstract, shardings = programs.stage_parameters(job, plan, stage, mesh)
     grad_shardings = programs.gradient_shardings(plan, shardings, abstract)
     opt_shardings = programs.optimizer_shardings(optimizer, abstract, grad_shardings, mesh)
     axis = deferred_axis(plan, index)
-    if axis is None:
-        state = programs.init_state(job, stage, optimizer, (shardings, opt_shardings, grad_shardings), initial=initial)
-        sum_shardings = grad_shardings
-    else:
-        state, sum_shardings = _with_accumulator(
-            programs.init_state(job, stage, optimizer, (shardings, opt_shardings), initial=initial), shardings, axis)
+    accumulator, sum_shardings = (abstract, grad_shardings) if axis is None else _per_shard_sum(abstract, shardings, axis)
+    state = programs.placed_shapes((abstract, jax.eval_shape(optimizer.init, abstract), accumulator),
+                                   (shardings, opt_shardings, sum_shardings))
     forward, backward = stage_programs(job, plan, index, activations, grad_shardings)
     summed = summed_gradients(mesh, axis)
 
@@ -288,36 +320,48 @@ def _lower_stage(job: Job, plan: Plan, index: int, mesh, activations: NamedShard
 
     start = time.perf_counter()
     lowered = jax.jit(forward).lower(state[0], inputs)
-    return LoweredStage(index, state, (shardings, opt_shardings, sum_shardings), inputs, activations, lowered,
-                        time.perf_counter() - start, backward, update,
+    return LoweredStage(index, state, inputs, activations, lowered, time.perf_counter() - start, backward, update,
                         programs.describe_shardings(shardings, grad_shardings))
 
 
-def _with_accumulator(state: tuple[Any, Any], param_shardings: dict, axis: str) -> tuple[tuple[Any, Any, Any], dict]:
-    """(params, opt_state) plus a zeroed gradient sum with one entry per batch shard on a leading
-    axis, each placed like its parameter, and where that sum lives."""
-    shardings = jax.tree.map(lambda s: NamedSharding(s.mesh, P(axis, *s.spec)), param_shardings)
+def _per_shard_sum(abstract: dict, param_shardings: dict, axis: str) -> tuple[dict, dict]:
+    """A gradient sum with one entry per batch shard on a leading axis, each placed like its
+    parameter: its abstract arrays and their shardings."""
     shards = jax.tree.leaves(param_shardings)[0].mesh.shape[axis]
-    zeros = jax.jit(lambda: jax.tree.map(lambda p: jnp.zeros((shards, *p.shape), p.dtype), state[0]),
-                    out_shardings=shardings)()
-    return (*state, zeros), shardings
+    return (jax.tree.map(lambda p: jax.ShapeDtypeStruct((shards, *p.shape), p.dtype), abstract),
+            jax.tree.map(lambda s: NamedSharding(s.mesh, P(axis, *s.spec)), param_shardings))
 
 
-def _compile_stage(part: LoweredStage, one: jax.Array | None) -> Stage:
+def _compile_stage(part: LoweredStage, one: jax.ShapeDtypeStruct | None) -> CompiledStage:
     """One stage's programs, compiled in a thread beside the other stages' (XLA compiles outside
     the GIL; a stage's backward needs its compiled forward's residual shardings, not the other
     stages')."""
-    (params, opt_state, grads), (shardings, opt_shardings, sum_shardings) = part.state, part.shardings
+    params, opt_state, grads = part.state
+    shardings = tuple(jax.tree.map(lambda a: a.sharding, tree) for tree in part.state)
     fwd = part.forward.compile()
     out, residuals = fwd.out_info
     cotangent = one if one is not None else _on(out, part.activations)
     bwd = jax.jit(part.backward, donate_argnums=(4,)).lower(params, part.inputs, residuals, cotangent, grads).compile()
-    upd = jax.jit(part.update, donate_argnums=(0, 1, 2), out_shardings=(shardings, opt_shardings, sum_shardings)
-                  ).lower(params, opt_state, grads).compile()
+    upd = jax.jit(part.update, donate_argnums=(0, 1, 2), out_shardings=shardings).lower(params, opt_state, grads).compile()
     memory = {"forward": programs.compiled_memory(fwd), "backward": programs.compiled_memory(bwd),
               "update": programs.compiled_memory(upd),
               "inputs": device_bytes(part.inputs[:1]) if part.index > 0 else 0, "residuals": device_bytes(residuals)}
-    return Stage(fwd, bwd, upd, params, opt_state, grads, part.activations, memory, part.described)
+    return CompiledStage(part.index, fwd, bwd, upd, shardings, grads, part.activations, memory, part.described)
+
+
+def _placed_stage(job: Job, stage: StagePlan, part: CompiledStage, optimizer: optax.GradientTransformation,
+                  initial: programs.ParamSource) -> Stage:
+    """The compiled stage with its state: the initial parameters, Adam's, a zeroed gradient sum."""
+    params, opt_state = programs.init_state(job, stage, optimizer, part.shardings[:2], initial=initial)
+    grads = jax.jit(lambda: jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), part.accumulator),
+                    out_shardings=part.shardings[2])()
+    return Stage(part.forward, part.backward, part.update, params, opt_state, grads, part.inputs, part.memory,
+                 part.described)
+
+
+def _micro_batch(batch: jax.ShapeDtypeStruct, sharding: NamedSharding) -> jax.ShapeDtypeStruct:
+    """One micro-batch of a batch (micro-batch leading), placed by sharding."""
+    return jax.ShapeDtypeStruct(batch.shape[1:], batch.dtype, sharding=sharding)
 
 
 def _on(tree, sharding: NamedSharding):

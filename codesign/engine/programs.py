@@ -95,12 +95,12 @@ def run_once_options() -> dict[str, Any]:
 
 
 def init_state(job: Job, stage: StagePlan, optimizer: optax.GradientTransformation,
-               shardings: tuple[Any, ...], view: Callable[[dict], Any] | None = None,
-               initial: ParamSource = initial_params) -> tuple[Any, ...]:
+               shardings: tuple[Any, Any], view: Callable[[dict], Any] | None = None,
+               initial: ParamSource = initial_params) -> tuple[Any, Any]:
     """The stage's slice of the initial parameters (`initial`'s; the model's own are the same
     values under every plan), placed by the plan (replicated where `view` flattens them), then in
-    one program as `view` holds them, Adam's state and, when three shardings are given, a zeroed
-    gradient accumulator. The whole slice sits on one device until it is placed."""
+    one program as `view` holds them, and Adam's state. The whole slice sits on one device until
+    it is placed."""
     params = initial(job.model, stage.layers, job.training.seed)
     # where `view` flattens them, every parameter is replicated, as each of its arrays is
     replicated = jax.tree.leaves(shardings[0])[0]
@@ -109,8 +109,7 @@ def init_state(job: Job, stage: StagePlan, optimizer: optax.GradientTransformati
 
     def init(params):
         params = params if view is None else view(params)
-        state = (params, optimizer.init(params), jax.tree.map(jnp.zeros_like, params))
-        return state[:len(shardings)]
+        return params, optimizer.init(params)
 
     return jax.jit(init, out_shardings=shardings)(params)
 
@@ -177,6 +176,12 @@ def compiled_op_counts(compiled) -> dict[str, int]:
     step's memory traffic is judged by where no profiler is at hand (no gather, fewer copies)."""
     found = Counter(_HLO_OP.findall(compiled.as_text()))
     return {op: found[op] for op in HLO_OPS}
+
+
+def placed_shapes(shapes: Any, shardings: Any) -> Any:
+    """Abstract arrays of `shapes`, each placed by its sharding: what a program is lowered and
+    compiled on before anything is allocated (the devices need not even be attached)."""
+    return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), shapes, shardings)
 
 
 def batch_shapes(job: Job, micro_batches: int) -> tuple[jax.ShapeDtypeStruct, jax.ShapeDtypeStruct]:

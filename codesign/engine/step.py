@@ -279,8 +279,8 @@ def compile_single_stage(job: Job, plan: Plan, mesh: Mesh) -> CompiledStage:
     start = time.perf_counter()
     compiled = jax.jit(step, donate_argnums=(0, 1),
                        out_shardings=(shardings, opt_shardings, NamedSharding(mesh, P()))
-                       ).lower(*_placed(state, (shardings, opt_shardings)),
-                               *_placed(programs.batch_shapes(job, plan.num_micro_batches), (batch, batch))
+                       ).lower(*programs.placed_shapes(state, (shardings, opt_shardings)),
+                               *programs.placed_shapes(programs.batch_shapes(job, plan.num_micro_batches), (batch, batch))
                                ).compile()
     return CompiledStage(compiled, time.perf_counter() - start, (shardings, opt_shardings), batch, described,
                          view, optimizer)
@@ -304,6 +304,3 @@ def deferred_sync(plan: Plan, mesh: Mesh, shardings: dict) -> tuple[Mesh, str, d
     """accumulate's per_shard where the plan reduces its gradients once per step (Plan.syncs_once)."""
     return (mesh, plan.batch_axis, shardings) if plan.syncs_once(1) and mesh.shape[plan.batch_axis] > 1 else None
 
-
-def _placed(shapes: Any, shardings: Any) -> Any:
-    return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), shapes, shardings)
