@@ -217,18 +217,19 @@ def target_bandwidth(name: str) -> float:
     return float(re.search(r"memory_bandwidth: (\d+)", TARGETS[name].read_text()).group(1))
 
 
-def target_device(name: str) -> jax.Device:
-    """The one device of a described GPU (XLA's deviceless compile: the CUDA build of JAX, no GPU)."""
+def target_devices(name: str, hosts: int = 1, per_host: int = 1) -> list[jax.Device]:
+    """The devices of described GPUs, host-major (XLA's deviceless compile: the CUDA build of JAX, no GPU)."""
     from jax.experimental.topologies import get_topology_desc
 
-    jax.config.update("jax_platforms", "cpu")  # nothing attached is initialised: the step is only compiled
+    jax.config.update("jax_platforms", "cpu")  # nothing attached is initialised: programs are only compiled
     try:
-        topology = get_topology_desc(name, "cuda", target_config=TARGETS[name].read_text(), topology="1x1x1")
+        topology = get_topology_desc(name, "cuda", target_config=TARGETS[name].read_text(),
+                                     topology=f"1x{hosts}x{per_host}")
     except Exception as err:  # noqa: BLE001 - whatever JAX raises without its CUDA plugin
-        print(f"bench_step.py: --target {name} needs the CUDA build of JAX (pip install -e '.[gpu]'; "
+        print(f"{Path(sys.argv[0]).name}: --target {name} needs the CUDA build of JAX (pip install -e '.[gpu]'; "
               f"no GPU needed): {err}", file=sys.stderr)
         raise SystemExit(2) from None
-    return topology.devices[0]
+    return list(topology.devices)
 
 
 def target_compile(row: str, model: ModelSpec, batch: int, precision: str, device: jax.Device) -> tuple[Any, float]:
@@ -259,7 +260,7 @@ def target_compile(row: str, model: ModelSpec, batch: int, precision: str, devic
 
 def report_target(args: argparse.Namespace) -> None:
     """Each row compiled for the described GPU: compile time, op counts and the HLO's traffic."""
-    device, model = target_device(args.target), MODELS[args.model]
+    device, model = target_devices(args.target)[0], MODELS[args.model]
     print(f"# {args.model}: {model.summary()}, compiled for {device.device_kind} ({args.target}, no device "
           f"attached: no autotuning), jax {jax.__version__}")
     for precision in args.precision:

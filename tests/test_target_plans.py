@@ -1,0 +1,82 @@
+"""bench/target_plans.py on CPU devices: every manual plan of a config compiled as a job compiles
+it, nothing allocated, its collectives counted from the compiled programs (CI has no CUDA build of
+JAX, so the described GPUs are replaced by the virtual CPU devices here)."""
+
+import json
+
+import pytest
+
+from tests.conftest import run_on_devices
+
+CONFIG = """
+[training_spec]
+avg_batch_size_per_device = 4
+num_iters = 2
+
+[[model]]
+num_features = 16
+emb_dim = 8
+output_per_emb = 4
+num_zhen_layers = 2
+tokens = ["DOT", "ATTENTION", "LINEAR", "CONVOLUTION"]
+
+[[cluster_spec]]
+num_hosts = 1
+num_devices_per_host = 4
+transport = "NVLink"
+
+[[parallel_spec]]
+description = "data parallel"
+num_micro_batches = [1]
+"(pp, dp, op)" = [1, 4, 1]
+
+[[parallel_spec]]
+description = "ZeRO-2"
+num_micro_batches = [2]
+"(pp, dp, op)" = [1, 4, 1]
+auto_sharding_option = { prefer_reduce_scatter = true }
+
+[[parallel_spec]]
+description = "pipeline"
+num_micro_batches = [2]
+"(pp, dp, op)" = [2, 2, 1]
+num_auto_layers = 2
+
+[[parallel_spec]]
+description = "too many stages"
+num_micro_batches = [1]
+"(pp, dp, op)" = [4, 1, 1]
+num_auto_layers = 4
+
+[[parallel_spec]]
+description = "Auto search"
+num_micro_batches = [1]
+"""
+
+
+@pytest.mark.slow
+def test_each_manual_plan_is_compiled_with_its_collectives_counted(tmp_path):
+    (tmp_path / "plans.toml").write_text(CONFIG)
+    proc = run_on_devices(4, f"""
+        import json, sys
+        from pathlib import Path
+        import jax, numpy as np
+        sys.path.insert(0, "bench")
+        import target_plans
+        from codesign.engine import programs
+        programs.init_state = None  # compiling a plan allocates nothing
+        jobs = target_plans.manual_jobs(Path({str(tmp_path / "plans.toml")!r}))
+        rows = [target_plans.job_row(job, lambda hosts, per_host: np.array(jax.devices()[:hosts * per_host]), 2**40)
+                for job in jobs]
+        print(json.dumps([[job.platform for job in jobs], rows]))
+    """)
+    platforms, rows = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert platforms == ["gpu"] * 4, proc.stderr[-2000:]  # Auto search left out
+    fields = [row.split("'")[-1].split() for row in rows]
+    collectives = {name: dict(zip(["programs", "all-reduce", "all-gather", "reduce-scatter"], map(int, f[0:1] + f[2:5])))
+                   for name, f in zip(["dp", "zero2", "pipeline"], fields)}
+    assert collectives["dp"]["programs"] == 1 and collectives["dp"]["all-reduce"] >= 1
+    assert collectives["zero2"]["all-gather"] >= 1  # the updated shards gathered (XLA:CPU all-reduces its scatters)
+    assert collectives["pipeline"]["programs"] == 6 and collectives["pipeline"]["all-reduce"] >= 2  # an update a stage
+    assert all(f[-1] == "yes" for f in fields[:3])
+    assert "failed: PlanError: num_auto_layers = 4 layer groups, but the model has only 2 layers" in rows[3]
