@@ -26,6 +26,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from bench_step import TARGETS, target_devices
@@ -53,20 +54,27 @@ def manual_jobs(config_path: Path) -> list[Job]:
             if not planned.job.parallel.is_auto]
 
 
-def compiled_programs(job: Job, plan: Plan, devices: np.ndarray) -> tuple[list, int]:
-    """The plan's compiled programs on `devices` (the cluster's, host-major), and its predicted
-    peak bytes per device."""
+def compiled_programs(job: Job, plan: Plan, devices: np.ndarray) -> tuple[list[tuple[str, Any]], int]:
+    """The plan's compiled programs, by name, on `devices` (the cluster's, host-major), and its
+    predicted peak bytes per device."""
     meshes = [Mesh(devices[list(s.device_ids)].reshape(s.dp, s.op), MESH_AXES) for s in plan.stages]
     if len(meshes) == 1:
         compiled = single_stage.compile_single_stage(job, plan, meshes[0]).compiled
-        return [compiled], programs.compiled_memory(compiled).get("peak", 0)
+        return [("step", compiled)], programs.compiled_memory(compiled).get("peak", 0)
     built = pipeline.compile_pipeline(job, plan, meshes)
-    return [p for s in built.stages for p in (s.forward, s.backward, s.update)], built.memory["peak"]
+    return [(f"stage {s.index} {kind}", program) for s in built.stages
+            for kind, program in (("forward", s.forward), ("backward", s.backward), ("update", s.update))
+            ], built.memory["peak"]
 
 
-def job_row(job: Job, devices_for: Callable[[int, int], np.ndarray], memory: int) -> str:
+def collective_columns(found: Counter) -> str:
+    return " ".join(f"{found[op]:>{len(op)}}" for op in COLLECTIVES)
+
+
+def job_rows(job: Job, devices_for: Callable[[int, int], np.ndarray], memory: int, each: bool = False) -> list[str]:
     """The job's line: its plan's programs, their collectives by kind, its peak per device and
-    whether that fits `memory`; or why it did not compile. devices_for(hosts, per_host): the devices."""
+    whether that fits `memory`; or why it did not compile. With `each`, a line per program after
+    it. devices_for(hosts, per_host): the devices."""
     p = job.parallel
     name = (f"{job.cluster.num_hosts}x{job.cluster.num_devices_per_host} {p.summary()} mb{job.num_micro_batches}"
             f"{' zero2' if p.sharding_options.get('prefer_reduce_scatter') else ''} {p.description[:20]!r}")
@@ -75,17 +83,19 @@ def job_row(job: Job, devices_for: Callable[[int, int], np.ndarray], memory: int
         devices = devices_for(job.cluster.num_hosts, job.cluster.num_devices_per_host)
         compiled, peak = compiled_programs(job, make_plan(job), devices)
     except Exception as err:  # noqa: BLE001 - a plan that does not compile is this script's finding
-        return f"{name:<66} failed: {type(err).__name__}: {str(err).splitlines()[0][:200]}"
-    found = Counter(op for c in compiled for op in _COLLECTIVE.findall(c.as_text()))
-    return (f"{name:<66} {len(compiled):>8} {time.perf_counter() - start:>9.1f} "
-            + " ".join(f"{found[op]:>{len(op)}}" for op in COLLECTIVES)
-            + f" {peak / 2**30:>8.2f} {'yes' if peak <= memory else 'no':>4}")
+        return [f"{name:<66} failed: {type(err).__name__}: {str(err).splitlines()[0][:200]}"]
+    found = {program: Counter(_COLLECTIVE.findall(c.as_text())) for program, c in compiled}
+    row = (f"{name:<66} {len(compiled):>8} {time.perf_counter() - start:>9.1f} "
+           f"{collective_columns(sum(found.values(), Counter()))} {peak / 2**30:>8.2f} {'yes' if peak <= memory else 'no':>4}")
+    return [row] + [f"  {program:<64} {'':>18} {collective_columns(c)}" for program, c in found.items() if each]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("-c", "--config", type=Path, default=Path(__file__).with_suffix(".toml"))
     parser.add_argument("--target", choices=sorted(TARGETS), default="h100")
+    parser.add_argument("--programs", action="store_true", help="a line per compiled program: a pipeline "
+                        "stage's forward, backward and update, or the one step")
     args = parser.parse_args()
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {NO_TRITON_GEMMS}"  # read when the compiler starts
     memory = int(re.search(r"device_memory_size: (\d+)", TARGETS[args.target].read_text()).group(1))
@@ -94,8 +104,9 @@ def main() -> None:
           f"({memory / 2**30:.1f} GiB each; no device attached, nothing autotuned)")
     print(f"{'job':<66} programs compile s " + " ".join(COLLECTIVES) + " peak GiB fits", flush=True)
     for job in jobs:
-        print(job_row(job, lambda hosts, per_host: np.array(target_devices(args.target, hosts, per_host)), memory),
-              flush=True)
+        rows = job_rows(job, lambda hosts, per_host: np.array(target_devices(args.target, hosts, per_host)), memory,
+                        args.programs)
+        print("\n".join(rows), flush=True)
 
 
 if __name__ == "__main__":

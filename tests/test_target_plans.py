@@ -66,17 +66,21 @@ def test_each_manual_plan_is_compiled_with_its_collectives_counted(tmp_path):
         from codesign.engine import programs
         programs.init_state = None  # compiling a plan allocates nothing
         jobs = target_plans.manual_jobs(Path({str(tmp_path / "plans.toml")!r}))
-        rows = [target_plans.job_row(job, lambda hosts, per_host: np.array(jax.devices()[:hosts * per_host]), 2**40)
-                for job in jobs]
+        rows = [target_plans.job_rows(job, lambda hosts, per_host: np.array(jax.devices()[:hosts * per_host]), 2**40,
+                                      each=True) for job in jobs]
         print(json.dumps([[job.platform for job in jobs], rows]))
     """)
     platforms, rows = json.loads(proc.stdout.strip().splitlines()[-1])
     assert platforms == ["gpu"] * 4, proc.stderr[-2000:]  # Auto search left out
-    fields = [row.split("'")[-1].split() for row in rows]
+    fields = [lines[0].split("'")[-1].split() for lines in rows]
     collectives = {name: dict(zip(["programs", "all-reduce", "all-gather", "reduce-scatter"], map(int, f[0:1] + f[2:5])))
                    for name, f in zip(["dp", "zero2", "pipeline"], fields)}
     assert collectives["dp"]["programs"] == 1 and collectives["dp"]["all-reduce"] >= 1
     assert collectives["zero2"]["all-gather"] >= 1  # the updated shards gathered (XLA:CPU all-reduces its scatters)
-    assert collectives["pipeline"]["programs"] == 6 and collectives["pipeline"]["all-reduce"] >= 2  # an update a stage
+    assert collectives["pipeline"]["programs"] == 6
+    all_reduces = {" ".join(line.split()[:3]): int(line.split()[3]) for line in rows[2][1:]}  # per program
+    assert list(all_reduces) == [f"stage {i} {kind}" for i in (0, 1) for kind in ("forward", "backward", "update")]
+    assert [all_reduces[f"stage {i} backward"] for i in (0, 1)] == [0, 0]  # 2 micro-batches: synced once, in the update
+    assert all(all_reduces[f"stage {i} update"] >= 1 for i in (0, 1))
     assert all(f[-1] == "yes" for f in fields[:3])
-    assert "failed: PlanError: num_auto_layers = 4 layer groups, but the model has only 2 layers" in rows[3]
+    assert rows[3] == [rows[3][0]] and "failed: PlanError: num_auto_layers = 4 layer groups, but the model has only 2 layers" in rows[3][0]
