@@ -1,4 +1,4 @@
-"""Every manual plan of a config compiled for GPUs that are only described: XLA's deviceless compile
+"""Every plan of a config compiled for GPUs that are only described: XLA's deviceless compile
 (the CUDA build of JAX, `.[gpu]`; no GPU needed) of each job's programs on its cluster's hosts of
 the target's GPUs.
 
@@ -8,8 +8,9 @@ the target's GPUs.
 gpu_check.sh runs on one GPU, so it never compiles a plan's collectives. This says, where no GPU
 is, whether XLA:GPU compiles each dp, op, ZeRO-2 and pipeline plan of the config (what a job runs:
 engine.step.compile_single_stage, engine.pipeline.compile_pipeline), the collectives its
-programs hold, and its predicted peak per device against the GPU's memory. Auto search jobs are
-left out: their plan is chosen when they run. Nothing is autotuned, so compile times are not a
+programs hold, and its predicted peak per device against the GPU's memory. An Auto search job
+compiles the plan it chooses by the built-in profile of the target's GPUs (a sweep with a
+measured profile may choose another). Nothing is autotuned, so compile times are not a
 GPU's, and every matmul goes to cuBLAS (NO_TRITON_GEMMS): without autotuning XLA finds no Triton
 tiling for some GEMMs ("Couldn't find output tile sizes"), a failure of the deviceless compile,
 not of the plan. One row per job as it is compiled; prints figures, asserts nothing.
@@ -34,7 +35,9 @@ from jax.sharding import Mesh
 
 from codesign.engine import pipeline, programs
 from codesign.engine import step as single_stage
+from codesign.planner.auto import choose_plan
 from codesign.planner.plan import MESH_AXES, Plan, make_plan
+from codesign.planner.profiles import ProfileBook
 from codesign.spec.config import load_config
 from codesign.spec.hosts import Hosts
 from codesign.spec.jobs import enumerate_jobs
@@ -45,13 +48,20 @@ NO_TRITON_GEMMS = "--xla_gpu_enable_triton_gemm=false"
 _COLLECTIVE = re.compile(r"\s(" + "|".join(COLLECTIVES) + r")(?:-start)?\(")  # an instruction's opcode, its shape a tuple or not
 
 
-def manual_jobs(config_path: Path) -> list[Job]:
-    """The config's jobs whose plan is given, each on GPUs."""
+def config_jobs(config_path: Path) -> list[Job]:
+    """The config's jobs, each on GPUs."""
     config = load_config(config_path)
     hosts = Hosts(tuple([max(c.num_devices_per_host for c in config.clusters)] * max(c.num_hosts for c in config.clusters)),
                   one_process_per_host=True)
-    return [dataclasses.replace(planned.job, platform="gpu") for planned in enumerate_jobs(config, hosts)
-            if not planned.job.parallel.is_auto]
+    return [dataclasses.replace(planned.job, platform="gpu") for planned in enumerate_jobs(config, hosts)]
+
+
+def job_plan(job: Job) -> tuple[Plan, str]:
+    """The job's plan, and for Auto search the stages it chose (dp x op each)."""
+    if not job.parallel.is_auto:
+        return make_plan(job), ""
+    plan = choose_plan(job, ProfileBook()).best().plan
+    return plan, " -> " + "|".join(f"{s.dp}x{s.op}" for s in plan.stages)
 
 
 def compiled_programs(job: Job, plan: Plan, devices: np.ndarray) -> tuple[list[tuple[str, Any]], int]:
@@ -80,8 +90,9 @@ def job_rows(job: Job, devices_for: Callable[[int, int], np.ndarray], memory: in
             f"{' zero2' if p.sharding_options.get('prefer_reduce_scatter') else ''} {p.description[:20]!r}")
     start = time.perf_counter()
     try:
-        devices = devices_for(job.cluster.num_hosts, job.cluster.num_devices_per_host)
-        compiled, peak = compiled_programs(job, make_plan(job), devices)
+        plan, chosen = job_plan(job)
+        name += chosen
+        compiled, peak = compiled_programs(job, plan, devices_for(job.cluster.num_hosts, job.cluster.num_devices_per_host))
     except Exception as err:  # noqa: BLE001 - a plan that does not compile is this script's finding
         return [f"{name:<66} failed: {type(err).__name__}: {str(err).splitlines()[0][:200]}"]
     found = {program: Counter(_COLLECTIVE.findall(c.as_text())) for program, c in compiled}
@@ -99,8 +110,8 @@ def main() -> None:
     args = parser.parse_args()
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {NO_TRITON_GEMMS}"  # read when the compiler starts
     memory = int(re.search(r"device_memory_size: (\d+)", TARGETS[args.target].read_text()).group(1))
-    jobs = manual_jobs(args.config)
-    print(f"# {len(jobs)} manual jobs of {args.config}, compiled for {args.target} GPUs "
+    jobs = config_jobs(args.config)
+    print(f"# {len(jobs)} jobs of {args.config}, compiled for {args.target} GPUs "
           f"({memory / 2**30:.1f} GiB each; no device attached, nothing autotuned)")
     print(f"{'job':<66} programs compile s " + " ".join(COLLECTIVES) + " peak GiB fits", flush=True)
     for job in jobs:

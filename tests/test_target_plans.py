@@ -1,6 +1,6 @@
-"""bench/target_plans.py on CPU devices: every manual plan of a config compiled as a job compiles
-it, nothing allocated, its collectives counted from the compiled programs (CI has no CUDA build of
-JAX, so the described GPUs are replaced by the virtual CPU devices here)."""
+"""bench/target_plans.py on CPU devices: every plan of a config (Auto search's, the one it
+chooses) compiled as a job compiles it, nothing allocated, its collectives counted from the
+compiled programs. CI has no CUDA build of JAX: virtual CPU devices stand in for the GPUs."""
 
 import json
 
@@ -55,7 +55,7 @@ num_micro_batches = [1]
 
 
 @pytest.mark.slow
-def test_each_manual_plan_is_compiled_with_its_collectives_counted(tmp_path):
+def test_each_plan_is_compiled_with_its_collectives_counted(tmp_path):
     (tmp_path / "plans.toml").write_text(CONFIG)
     proc = run_on_devices(4, f"""
         import json, sys
@@ -65,13 +65,13 @@ def test_each_manual_plan_is_compiled_with_its_collectives_counted(tmp_path):
         import target_plans
         from codesign.engine import programs
         programs.init_state = None  # compiling a plan allocates nothing
-        jobs = target_plans.manual_jobs(Path({str(tmp_path / "plans.toml")!r}))
+        jobs = target_plans.config_jobs(Path({str(tmp_path / "plans.toml")!r}))
         rows = [target_plans.job_rows(job, lambda hosts, per_host: np.array(jax.devices()[:hosts * per_host]), 2**40,
                                       each=True) for job in jobs]
         print(json.dumps([[job.platform for job in jobs], rows]))
     """)
     platforms, rows = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert platforms == ["gpu"] * 4, proc.stderr[-2000:]  # Auto search left out
+    assert platforms == ["gpu"] * 5, proc.stderr[-2000:]
     fields = [lines[0].split("'")[-1].split() for lines in rows]
     collectives = {name: dict(zip(["programs", "all-reduce", "all-gather", "reduce-scatter"], map(int, f[0:1] + f[2:5])))
                    for name, f in zip(["dp", "zero2", "pipeline"], fields)}
@@ -82,5 +82,7 @@ def test_each_manual_plan_is_compiled_with_its_collectives_counted(tmp_path):
     assert list(all_reduces) == [f"stage {i} {kind}" for i in (0, 1) for kind in ("forward", "backward", "update")]
     assert [all_reduces[f"stage {i} backward"] for i in (0, 1)] == [0, 0]  # 2 micro-batches: synced once, in the update
     assert all(all_reduces[f"stage {i} update"] >= 1 for i in (0, 1))
-    assert all(f[-1] == "yes" for f in fields[:3])
+    assert all(f[-1] == "yes" for f in fields[:3] + fields[4:])
+    auto = rows[4][0]  # Auto search: the plan it chose, by the built-in H100 profile, compiled
+    assert auto.startswith("1x4 Auto search groups=1 mb1 'Auto search' -> ") and "failed" not in auto, auto
     assert rows[3] == [rows[3][0]] and "failed: PlanError: num_auto_layers = 4 layer groups, but the model has only 2 layers" in rows[3][0]
