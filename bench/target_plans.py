@@ -3,7 +3,7 @@
 the target's GPUs.
 
     python bench/target_plans.py                                    # bench/target_plans.toml: every plan kind, 8 H100s
-    python bench/target_plans.py -c tests/data/user-configs/config.toml   # the users' plans, on 2 and 8 hosts
+    python bench/target_plans.py -c tests/data/user-configs/config.toml   # the users' plans, 1 to 64 GPUs
 
 gpu_check.sh runs on one GPU, so it never compiles a plan's collectives. This says, where no GPU
 is, whether XLA:GPU compiles each dp, op, ZeRO-2 and pipeline plan of the config (what a job runs:
