@@ -241,7 +241,7 @@ class CompiledStage:
     backward: Any
     update: Any
     shardings: tuple[Any, Any, Any]  # params, opt_state, the gradient sum
-    accumulator: Any  # the gradient sum's abstract arrays (a leading per-shard axis where the stage defers its sync)
+    accumulator: Any  # the gradient sum's abstract arrays, placed (a leading per-shard axis where the stage defers its sync)
     inputs: NamedSharding  # where activations and cotangents arriving at the stage live
     memory: dict[str, Any]
     described: dict[str, Any]  # programs.describe_shardings of its parameters and their gradients
@@ -352,9 +352,8 @@ def _compile_stage(part: LoweredStage, one: jax.ShapeDtypeStruct | None) -> Comp
 def _placed_stage(job: Job, stage: StagePlan, part: CompiledStage, optimizer: optax.GradientTransformation,
                   initial: programs.ParamSource) -> Stage:
     """The compiled stage with its state: the initial parameters, Adam's, a zeroed gradient sum."""
-    params, opt_state = programs.init_state(job, stage, optimizer, part.shardings[:2], initial=initial)
-    grads = jax.jit(lambda: jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), part.accumulator),
-                    out_shardings=part.shardings[2])()
+    params, opt_state, grads = programs.init_state(job, stage, optimizer, part.shardings[:2], initial=initial,
+                                                   zeros=part.accumulator)
     return Stage(part.forward, part.backward, part.update, params, opt_state, grads, part.inputs, part.memory,
                  part.described)
 

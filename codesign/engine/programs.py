@@ -96,11 +96,11 @@ def run_once_options() -> dict[str, Any]:
 
 def init_state(job: Job, stage: StagePlan, optimizer: optax.GradientTransformation,
                shardings: tuple[Any, Any], view: Callable[[dict], Any] | None = None,
-               initial: ParamSource = initial_params) -> tuple[Any, Any]:
+               initial: ParamSource = initial_params, zeros: Any = None) -> tuple[Any, ...]:
     """The stage's slice of the initial parameters (`initial`'s; the model's own are the same
     values under every plan), placed by the plan (replicated where `view` flattens them), then in
-    one program as `view` holds them, and Adam's state. The whole slice sits on one device until
-    it is placed."""
+    one program as `view` holds them, Adam's state and, given `zeros` (abstract arrays, placed),
+    zeros of those (a gradient sum). The whole slice sits on one device until it is placed."""
     params = initial(job.model, stage.layers, job.training.seed)
     # where `view` flattens them, every parameter is replicated, as each of its arrays is
     replicated = jax.tree.leaves(shardings[0])[0]
@@ -109,9 +109,11 @@ def init_state(job: Job, stage: StagePlan, optimizer: optax.GradientTransformati
 
     def init(params):
         params = params if view is None else view(params)
-        return params, optimizer.init(params)
+        state = (params, optimizer.init(params))
+        return state if zeros is None else (*state, jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), zeros))
 
-    return jax.jit(init, out_shardings=shardings)(params)
+    placed = shardings if zeros is None else (*shardings, jax.tree.map(lambda a: a.sharding, zeros))
+    return jax.jit(init, out_shardings=placed)(params)
 
 
 def zero_sharding(sharding: NamedSharding, shape: tuple[int, ...]) -> NamedSharding:
