@@ -20,11 +20,13 @@ os.environ.setdefault("CODESIGN_PROFILE", "builtin")
 os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="codesign-tests-cache-")
 USER_CONFIGS = REPO / "tests" / "data" / "user-configs"
 SHARED_FIXTURES = REPO.parent / "shared" / "fixtures" / "user-configs"  # checked against, where present
-# Tests on 2 CPU cores are compile-bound: unoptimised XLA code compiles in half the time. Every
+# Tests on 2 CPU cores are compile-bound: unoptimised XLA code compiles in half the time, and
+# XLA:CPU's loop fusions emitted the older way (not through its MLIR fusion emitters) a third
+# faster again (the fixture and parallel plans' equivalence tests: 129 s against 87). Every
 # process of the suite compiles so (the sweeps' job processes inherit it) but where a test times
 # steps against the cost model or a profile (it then sets XLA_FLAGS itself); and every one shares
 # one compilation cache, as a user's JAX_COMPILATION_CACHE_DIR makes every DB share it.
-FAST_XLA = "--xla_backend_optimization_level=0"
+FAST_XLA = "--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false"
 os.environ.setdefault("XLA_FLAGS", FAST_XLA)  # a test's subprocess imports this module with its own
 # The suite runs on pytest-xdist's workers (pyproject's addopts): one run's workers share this.
 RUN_DIR = Path(tempfile.gettempdir()) / f"codesign-tests-{os.environ.get('PYTEST_XDIST_TESTRUNUID', os.getpid())}"

@@ -134,8 +134,10 @@ def test_a_layers_encoders_run_as_one_vmapped_encoder_with_the_same_function(mon
 
     ((batched, g_batched), dots_batched), ((serial, g_serial), dots_serial) = run(True), run(False)
     assert abs(batched - serial) < 1e-6 * abs(serial)
+    # a leaf whose gradient is 0 but for rounding (1e-15) is held to the largest gradient's scale
+    largest = max(jnp.max(jnp.abs(b)) for b in jax.tree.leaves(g_serial))
     for a, b in zip(jax.tree.leaves(g_batched), jax.tree.leaves(g_serial)):
-        assert jnp.max(jnp.abs(a - b)) <= 1e-5 * jnp.max(jnp.abs(b))
+        assert jnp.max(jnp.abs(a - b)) <= 1e-5 * jnp.max(jnp.abs(b)) + 1e-7 * largest
     encoder_dots = 18  # 6 forward dots (qkv, scores, values, out, ffn1, ffn2), 2 gradients each
     assert dots_serial - dots_batched == 2 * encoder_dots  # layer 0: 3 encoders -> 1; layer 1: 1 already
     enc = [params["layer_0"][f"mixer_{j}_attention"]["encoder"]["qkv"]["kernel"] for j in (0, 2, 4)]
@@ -274,7 +276,7 @@ def test_the_convolutions_gradient_inside_shard_map_sums_the_shards():
     gradients come out replicated, the sum over the shards as JAX differentiates a broadcast
     (the custom VJP's are as varying as its cotangent; network.varying_like's cast makes the
     sum), equal to the unsharded ones."""
-    from tests.conftest import run_on_devices
+    from tests.conftest import FAST_XLA, run_on_devices
 
     out = run_on_devices(2, """
         import flax.linen as nn, jax, jax.numpy as jnp, numpy as np
@@ -288,7 +290,7 @@ def test_the_convolutions_gradient_inside_shard_map_sums_the_shards():
                                 in_specs=(P(), P("d")), out_specs=P())
         whole, split = jax.grad(loss)(params, z), jax.jit(sharded)(params, z)
         print(max(float(jnp.max(jnp.abs(a - b))) for a, b in zip(jax.tree.leaves(whole), jax.tree.leaves(split))))
-    """)
+    """, xla_flags=FAST_XLA)
     assert float(out.stdout.strip().splitlines()[-1]) < 1e-4
 
 
