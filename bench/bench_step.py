@@ -69,6 +69,7 @@ from codesign.zhen import counts, network
 MODELS = {
     "seed": ModelSpec(512, 160, 20, 4, (("ATTENTION", "LINEAR", "ATTENTION", "DOT"),) * 4),
     "small": ModelSpec(128, 32, 8, 4, (("ATTENTION", "LINEAR", "ATTENTION", "DOT"),) * 4),
+    "tiny": ModelSpec(64, 16, 4, 2, (("ATTENTION", "LINEAR", "ATTENTION", "DOT"),) * 2),  # gpu_check.sh's CPU smoke form
 }
 WARMUP = 2
 TRACE_STEPS = 5  # at most, after the timed ones: enough to see every kernel, few enough to read the trace

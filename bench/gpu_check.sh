@@ -45,7 +45,7 @@ py=scripts/python.sh
 export PYTHONUNBUFFERED=1 XDG_CACHE_HOME="$work/cache" JAX_COMPILATION_CACHE_DIR="$work/jax"
 exec > >(tee "$out/gpu_check.log") 2>&1
 if [ -n "${GPU_CHECK_SMOKE:-}" ]; then
-  model=(--model small --steps 1) b1=8 b2=16 platform=cpu batches="8" precisions="fp32"
+  model=(--model tiny --steps 1) b1=8 b2=16 platform=cpu batches="8" precisions="fp32"
   export CODESIGN_PROFILE_LOOPS=small  # the profile's GPU path (loop-timed sections), at small sizes
   t_bench=300 t_profile=300 t_cli=900 t_cost=120 t_large=600 seconds=${GPU_CHECK_SECONDS:-3600}
 else
