@@ -213,9 +213,14 @@ def batches(args: argparse.Namespace) -> list[int]:
     return args.batch or [1024 if args.model == "seed" else 256]
 
 
+def target_value(name: str, field: str) -> int:
+    """A field of the described GPU's target config (memory_bandwidth: B/s; device_memory_size: bytes)."""
+    return int(re.search(rf"{field}: (\d+)", TARGETS[name].read_text()).group(1))
+
+
 def target_bandwidth(name: str) -> float:
     """The described GPU's HBM bandwidth, B/s, as its target config gives it."""
-    return float(re.search(r"memory_bandwidth: (\d+)", TARGETS[name].read_text()).group(1))
+    return float(target_value(name, "memory_bandwidth"))
 
 
 def target_devices(name: str, hosts: int = 1, per_host: int = 1) -> list[jax.Device]:

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from bench_step import TARGETS, target_devices
+from bench_step import TARGETS, target_devices, target_value
 from jax.sharding import Mesh
 
 from codesign.engine import pipeline, programs
@@ -109,7 +109,7 @@ def main() -> None:
                         "stage's forward, backward and update, or the one step")
     args = parser.parse_args()
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {NO_TRITON_GEMMS}"  # read when the compiler starts
-    memory = int(re.search(r"device_memory_size: (\d+)", TARGETS[args.target].read_text()).group(1))
+    memory = target_value(args.target, "device_memory_size")
     jobs = config_jobs(args.config)
     print(f"# {len(jobs)} jobs of {args.config}, compiled for {args.target} GPUs "
           f"({memory / 2**30:.1f} GiB each; no device attached, nothing autotuned)")

@@ -14,6 +14,16 @@ num_zhen_layers = 1
 tokens = ["LINEAR", "DOT"]
 """
 
+# Every mixer kind in each of two layers: pp 2 splits it, and each plan compiles in seconds.
+EVERY_MIXER_MODEL = """
+[[model]]
+num_features = 16
+emb_dim = 8
+output_per_emb = 4
+num_zhen_layers = 2
+tokens = ["DOT", "ATTENTION", "LINEAR", "CONVOLUTION"]
+"""
+
 # One job runs, one is invalid (global batch 8 over 3 micro-batches).
 SMALL_CONFIG = SMALL_HEAD + """
 [[cluster_spec]]

@@ -11,20 +11,14 @@ import sqlite3
 
 import pytest
 
+from tests.configs import EVERY_MIXER_MODEL
 from tests.conftest import REPO, run_cli
 
 CONFIG = """
 [training_spec]
 avg_batch_size_per_device = 16
 num_iters = 8
-
-[[model]]
-num_features = 16
-emb_dim = 8
-output_per_emb = 4
-num_zhen_layers = 2
-tokens = ["DOT", "ATTENTION", "LINEAR", "CONVOLUTION"]
-
+""" + EVERY_MIXER_MODEL + """
 [[cluster_spec]]
 num_hosts = 1
 num_devices_per_host = 1

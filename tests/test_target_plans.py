@@ -6,20 +6,14 @@ import json
 
 import pytest
 
+from tests.configs import EVERY_MIXER_MODEL
 from tests.conftest import FAST_XLA, run_on_devices
 
 CONFIG = """
 [training_spec]
 avg_batch_size_per_device = 4
 num_iters = 2
-
-[[model]]
-num_features = 16
-emb_dim = 8
-output_per_emb = 4
-num_zhen_layers = 2
-tokens = ["DOT", "ATTENTION", "LINEAR", "CONVOLUTION"]
-
+""" + EVERY_MIXER_MODEL + """
 [[cluster_spec]]
 num_hosts = 1
 num_devices_per_host = 4
