@@ -48,7 +48,7 @@ def run_one(job: Job, executor: LocalExecutor, timeout: float) -> Outcome:
 def row(job: Job, executor: LocalExecutor, timeout: float) -> str:
     outcome = invalid_outcome(job) or run_one(job, executor, timeout)
     pp = job.parallel.pp_dp_op[0]
-    zero = " zero2" if job.parallel.sharding_options.get("prefer_reduce_scatter") else ""
+    zero = " zero2" if job.parallel.zero2 else ""
     head = (f"{job.parallel.summary() + zero:<34}{job.num_micro_batches:>4}"
             f"{job.parallel.pipeline_schedule if pp > 1 else '-':>7}{outcome.status:>11}")
     if outcome.status != SUCCEEDED:

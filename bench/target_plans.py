@@ -87,7 +87,7 @@ def job_rows(job: Job, devices_for: Callable[[int, int], np.ndarray], memory: in
     it. devices_for(hosts, per_host): the devices."""
     p = job.parallel
     name = (f"{job.cluster.num_hosts}x{job.cluster.num_devices_per_host} {p.summary()} mb{job.num_micro_batches}"
-            f"{' zero2' if p.sharding_options.get('prefer_reduce_scatter') else ''} {p.description[:20]!r}")
+            f"{' zero2' if p.zero2 else ''} {p.description[:20]!r}")
     start = time.perf_counter()
     try:
         plan, chosen = job_plan(job)

@@ -106,7 +106,7 @@ def make_plan(job: Job) -> Plan:
     stages = tuple(StagePlan(groups=gs, device_ids=ids, dp=dp, op=op) for gs, ids in zip(stage_groups, devices))
     return Plan(stages=stages, num_micro_batches=job.num_micro_batches, batch_axis=batch_axis,
                 remat=parallel.remat_layer,
-                reduce_scatter=bool(options.get("prefer_reduce_scatter", False)),
+                reduce_scatter=parallel.zero2,
                 schedule=parallel.pipeline_schedule, placement=placement)
 
 

@@ -101,6 +101,11 @@ class ParallelSpec:
     def sharding_options(self) -> dict[str, Any]:
         return dict(self.auto_sharding_option)
 
+    @property
+    def zero2(self) -> bool:
+        """Gradients and Adam's moments sharded over dp (Alpa's prefer_reduce_scatter)."""
+        return bool(self.sharding_options.get("prefer_reduce_scatter", False))
+
     def summary(self) -> str:
         if self.is_auto:
             trials = f" trials={self.auto_trials}" if self.auto_trials > 1 else ""
