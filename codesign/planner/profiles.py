@@ -16,6 +16,7 @@ import json
 import logging
 from dataclasses import dataclass, field
 from importlib import metadata
+from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 import numpy as np
@@ -224,9 +225,10 @@ def _gpu(kind: str, sheet: DataSheet) -> DeviceProfile:
     efficiencies (50% of peak for the mixers' FLOPs, as the profiled H200 step's matrix products
     ran; 80% of HBM for memory traffic; 10 us per mixer call) price the seed model's flat step
     (engine.step.FLAT_STATE, batch 1024, DOT as defined) on an H200 in bf16, measured at 8.93 ms,
-    at 8.31 ms, and on an H100 (10.95 ms) at 9.90 ms; tests/test_cost.py checks both. (50 us a call fitted the per-leaf steps of
+    at 8.31 ms, and on an H100 (10.95 ms) at 9.90 ms; tests/test_cost.py checks the H100. (50 us a call fitted the per-leaf steps of
     ../shared/perf/README.md within 3%, whose call spent ~3 ms on the host before the first
-    kernel; the flat step's kernels queue back to back: 0.18 ms idle between them in a step.)"""
+    kernel; the flat step's kernels queue back to back: 0.18 ms idle between them in a step.)
+    Where a GPU has a measured built-in profile (MEASURED: the H200), that one prices it."""
     launch = 10e-6  # the kernels of one mixer call, and the gaps between them
     return DeviceProfile(kind=kind, platform="gpu", memory=int(sheet.memory_gib * 2**30),
                          rates=(("bf16", _uniform(0.5 * sheet.bf16, launch, 0.1 * sheet.bf16)),
@@ -234,8 +236,23 @@ def _gpu(kind: str, sheet: DataSheet) -> DeviceProfile:
                          bandwidth=0.8 * sheet.bandwidth, dispatch=30e-6, activation_share=GPU_ACTIVATION_SHARE)
 
 
+# GPUs as `codesign profile` measured them (measured/KIND.json), in place of their data sheet's
+# profile, with the data sheet's memory: its mixer points span the widths and micro-batches a sweep
+# prices, where the data sheet's one efficiency was fitted to the seed model's step alone. The
+# H200's is the profile of bench/gpu_check.sh's run at ff78d00 (jax 0.11.2; bench/GPU_RESULTS.md):
+# it prices that run's eight CLI jobs (the seed model and F256 D64 O16, bf16 and fp32, batch 1024
+# and 4096) at a median time error of 6.3% (p90 10.9%), the data sheet's at 11.0% (p90 23.4%: the
+# F256 model's steps 11-27% short). tests/test_cost.py holds it to those jobs.
+MEASURED = Path(__file__).with_name("measured")
+
+
+def _measured_gpus() -> dict[str, DeviceProfile]:
+    return {path.stem: DeviceProfile.from_dict(json.loads(path.read_text())) for path in MEASURED.glob("*.json")}
+
+
 BUILTIN: dict[str, DeviceProfile] = {
     **{kind: _gpu(kind, sheet) for kind, sheet in DATA_SHEETS.items()},
+    **_measured_gpus(),
     # This machine's CPU (2 cores) as `codesign profile` measured it on a quiet machine
     # (2026-11-26, JAX 0.10.2), fitted to its 14 real probe steps: what tests and a sweep with
     # CODESIGN_PROFILE=builtin price with.
