@@ -5,9 +5,11 @@ For every succeeded attempt with a prediction: |predicted_time - median| / media
 by platform and by plan kind. With --repredict, the predictions are recomputed by the current
 cost model from each attempt's plan and the profiles at hand (built-in, this machine's cached
 ones; --profile FILE: a profile JSON, as `codesign profile` prints it, for its device kind), to
-try a model or profile change on measurements already made.
+try a model or profile change on measurements already made. --builtin re-prices each attempt by
+the built-in profile of the device kind it ran on, measured ones ignored: how a machine of that
+kind is priced before it is profiled (bench/gpu_check.sh prints both on every GPU run).
 
-    python bench/bench_cost_model.py -d cost_cpu.db [--repredict [--profile cpu.json]]
+    python bench/bench_cost_model.py -d cost_cpu.db [--repredict [--profile cpu.json]] [--builtin]
 
 With --noise DB2 (the same jobs run again into another DB), it also prints how far the two
 runs' medians are apart, |median2 - median| / median, by plan kind: the measurement noise the
@@ -25,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from codesign.outcome import SUCCEEDED
-from codesign.planner.profiles import DeviceProfile
+from codesign.planner.profiles import DeviceProfile, ProfileBook, builtin_kind
 from codesign.run.profiling import profiles_for
 from codesign.run.reprice import prediction
 from codesign.spec.hosts import Hosts
@@ -51,14 +53,26 @@ def plan_kind(row: dict) -> str:
     return " ".join([kind, *marks, *["auto"] * bool(chosen)])
 
 
-def repredict(store: Store, rows: list[dict], profile: str | None = None) -> list[dict]:
-    """The rows with predicted_time and predicted_memory from the current cost model."""
+def repredict(store: Store, rows: list[dict], profile: str | None = None, builtin: bool = False) -> list[dict]:
+    """The rows with predicted_time and predicted_memory from the current cost model; builtin:
+    each by the built-in profile of its attempt's device kind."""
+    if builtin:
+        return [{**r, **prediction(r, builtin_book(r))[0]} for r in rows]
     book = profiles_for(Hosts.local(0), store).book
     if profile:
         measured = DeviceProfile.from_dict(json.loads(Path(profile).read_text()))
         book.add(measured)
         book.local[measured.platform] = measured.kind
     return [{**r, **prediction(r, book)[0]} for r in rows]
+
+
+def builtin_book(row: dict) -> ProfileBook:
+    """The built-in profiles alone, the attempt's platform on the one of the kind it ran on."""
+    book = ProfileBook()
+    kind = builtin_kind(row["device_kind"] or "")
+    if kind is not None:
+        book.local[row["platform"]] = kind
+    return book
 
 
 def succeeded(db: str) -> list[dict]:
@@ -77,12 +91,12 @@ def noise(db: str, again: str) -> list[dict]:
             for r in succeeded(again) if r["job_key"] in first]
 
 
-def errors(db: str, fresh: bool = False, profile: str | None = None) -> list[dict]:
+def errors(db: str, fresh: bool = False, profile: str | None = None, builtin: bool = False) -> list[dict]:
     """One dict per succeeded attempt with a prediction: platform, kind, time and memory errors."""
     store = Store(db, read_only=True)
     try:
         rows = store.attempts((SUCCEEDED,))
-        rows = repredict(store, rows, profile) if fresh else rows
+        rows = repredict(store, rows, profile, builtin) if fresh or builtin else rows
         rows = [r for r in rows if r.get("predicted_time") is not None]
     finally:
         store.close()
@@ -101,11 +115,14 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("-d", "--db", default="results.db")
     parser.add_argument("--repredict", action="store_true", help="Predict again with the current cost model.")
-    parser.add_argument("--profile", metavar="FILE", help="With --repredict: price with this profile JSON.")
+    priced_by = parser.add_mutually_exclusive_group()
+    priced_by.add_argument("--profile", metavar="FILE", help="With --repredict: price with this profile JSON.")
+    priced_by.add_argument("--builtin", action="store_true",
+                           help="Re-price each attempt by the built-in profile of its device kind.")
     parser.add_argument("-v", "--verbose", action="store_true", help="Also print every attempt's errors.")
     parser.add_argument("--noise", metavar="DB2", help="The same jobs run again: print the run-to-run differences.")
     args = parser.parse_args()
-    found = errors(args.db, args.repredict, args.profile)
+    found = errors(args.db, args.repredict, args.profile, args.builtin)
     if args.verbose:
         for e in found:
             print(f"{e['kind']:30} time {e['time']:7.1%}  memory {e['memory']:7.1%}")

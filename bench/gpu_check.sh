@@ -9,7 +9,8 @@
 #     kept in the profile cache, so part 3 is priced by it;
 #  3. bench/gpu_cost.toml (the seed model and a second model of other widths and mixers, one GPU)
 #     through the real CLI at bf16 and fp32, batch 1024 and 4096, into one fresh DB;
-#  4. the cost model's error on those results (bench/bench_cost_model.py; target: median <= 10%);
+#  4. the cost model's error on those results (bench/bench_cost_model.py; target: median <= 10%), and the
+#     built-in profile's of this device kind on the same (the H200's is a measured one; the H100's its data sheet's);
 #  5. the step bench at batch 1024, bf16 then fp32: the plain reference (project/reference);
 #  6. the step bench at batch 4096, bf16 then fp32: the reference (the project's step at 4096 is
 #     part 3's seed job; `--rows project-leaves` is the per-leaf step: 12.40 ms against the flat 10.95 on H100s);
@@ -108,6 +109,8 @@ fi
 
 if part 4. cost model error; then
 timeout $(within $t_cost) "$py" bench/bench_cost_model.py -d "$work/gpu.db" -v
+echo "# the same attempts priced by the built-in profile of this device kind (what prices it before a profile is measured):"
+timeout $(within $t_cost) "$py" bench/bench_cost_model.py -d "$work/gpu.db" --builtin -v
 keep
 fi
 

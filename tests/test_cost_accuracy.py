@@ -11,6 +11,10 @@ import sqlite3
 
 import pytest
 
+from codesign.planner.cost import Workload, estimate
+from codesign.planner.plan import make_plan
+from codesign.planner.profiles import BUILTIN
+from codesign.spec.types import Job
 from tests.configs import EVERY_MIXER_MODEL
 from tests.conftest import REPO, run_cli
 
@@ -97,3 +101,20 @@ def test_the_bench_names_auto_search_attempts_by_the_plan_they_ran():
               "all_configs": json.dumps({"parallel": {"pipeline_schedule": "1F1B",
                                                       "auto_sharding_option": {"prefer_reduce_scatter": True}}})}
     assert plan_kind(manual) == "dp remat zero2"
+
+
+def test_the_bench_reprices_each_attempt_by_the_builtin_profile_of_its_device_kind():
+    """--builtin (gpu_check.sh's part 4): the H200 run's eight jobs, as if recorded on an H200 and on an
+    H100, are priced by BUILTIN["H200"] and BUILTIN["H100"], whatever profiles the machine holds."""
+    attempts = json.loads((REPO / "tests" / "data" / "h200_gpu_cost.json").read_text())["attempts"]
+    kinds = {"NVIDIA H200": "H200", "NVIDIA H100 80GB HBM3": "H100"}
+    rows = [{"all_configs": json.dumps(a["job"]), "device_kind": kind, "platform": "gpu"}
+            for kind in kinds for a in attempts]
+    found = bench_cost_model().repredict(None, rows, builtin=True)
+    for row in found:
+        job = Job.from_dict(json.loads(row["all_configs"]))
+        expected = estimate(Workload.of(job, BUILTIN[kinds[row["device_kind"]]]), make_plan(job)).seconds
+        assert row["predicted_time"] == pytest.approx(expected, rel=1e-9)
+    h200, h100 = found[:len(attempts)], found[len(attempts):]
+    apart = [a["predicted_time"] != pytest.approx(b["predicted_time"], rel=0.05) for a, b in zip(h200, h100)]
+    assert sum(apart) >= len(attempts) // 2  # two profiles, not one: 5 of the 8 jobs more than 5% apart
