@@ -22,7 +22,9 @@ from codesign.planner.cost import (
 from codesign.planner.plan import Plan, StagePlan, make_plan
 from codesign.planner.profiles import (
     BUILTIN,
+    DATA_SHEETS,
     ENCODER_PAIR,
+    MEASURED,
     DeviceProfile,
     Link,
     ProfileBook,
@@ -76,20 +78,21 @@ def test_the_builtin_h100_reproduces_the_measured_seed_step():
     assert predicted == pytest.approx(measured_ms, rel=0.1)
 
 
-def test_the_builtin_h200_prices_what_an_h200_measured_of_two_models():
-    """The built-in H200 is that GPU's measured profile (profiles.MEASURED): against the eight CLI
-    jobs of the run that measured it (tests/data/h200_gpu_cost.json: the seed model and F256 D64
-    O16 of other widths and mixers, bf16 and fp32, batch 1024 and 4096) its median time error is
-    6.3% and its largest 16.7%; the data sheet's profile it replaced priced the F256 model's steps
+@pytest.mark.parametrize("kind", sorted(path.stem for path in MEASURED.glob("*.json")))
+def test_a_measured_builtin_gpu_prices_what_its_gpu_measured_of_two_models(kind):
+    """A built-in GPU profile that is a measured one (profiles.MEASURED) against the CLI jobs of the
+    run that measured it (tests/data/KIND_gpu_cost.json: the seed model and F256 D64 O16 of other
+    widths and mixers, bf16 and fp32, batch 1024 and 4096). The H200's: a median time error of 6.3%
+    and at most 16.7%, where the data sheet's profile it replaced priced the F256 model's steps
     11-27% short (median 11.0%)."""
-    attempts = json.loads((Path(__file__).parent / "data" / "h200_gpu_cost.json").read_text())["attempts"]
+    attempts = json.loads((Path(__file__).parent / "data" / f"{kind.lower()}_gpu_cost.json").read_text())["attempts"]
     assert {a["job"]["model"]["num_features"] for a in attempts} == {512, 256} and len(attempts) == 8
     errors = []
     for attempt in attempts:
         j = Job.from_dict(attempt["job"])
-        predicted = estimate(Workload.of(j, BUILTIN["H200"]), make_plan(j)).seconds
+        predicted = estimate(Workload.of(j, BUILTIN[kind]), make_plan(j)).seconds
         errors.append(abs(predicted - attempt["median"]) / attempt["median"])
-    assert BUILTIN["H200"].source == "built-in" and BUILTIN["H200"].memory == 141 * 2**30
+    assert BUILTIN[kind].source == "built-in" and BUILTIN[kind].memory == DATA_SHEETS[kind].memory_gib * 2**30
     assert sorted(errors)[len(errors) // 2] < 0.08 and max(errors) < 0.2
 
 
