@@ -8,7 +8,8 @@ the target's GPUs.
 gpu_check.sh runs on one GPU, so it never compiles a plan's collectives. This says, where no GPU
 is, whether XLA:GPU compiles each dp, op, ZeRO-2 and pipeline plan of the config (what a job runs:
 engine.step.compile_single_stage, engine.pipeline.compile_pipeline), the collectives its
-programs hold, and its predicted peak per device against the GPU's memory. An Auto search job
+programs hold, and its peak per device as XLA plans it against the GPU's memory and as the cost
+model predicts it (by the built-in profile of the target's GPUs). An Auto search job
 compiles the plan it chooses by the built-in profile of the target's GPUs (a sweep with a
 measured profile may choose another). Nothing is autotuned, so compile times are not a
 GPU's, and every matmul goes to cuBLAS (NO_TRITON_GEMMS): without autotuning XLA finds no Triton
@@ -36,6 +37,7 @@ from jax.sharding import Mesh
 from codesign.engine import pipeline, programs
 from codesign.engine import step as single_stage
 from codesign.planner.auto import choose_plan
+from codesign.planner.cost import Workload, estimate
 from codesign.planner.plan import MESH_AXES, Plan, make_plan
 from codesign.planner.profiles import ProfileBook
 from codesign.spec.config import load_config
@@ -96,8 +98,10 @@ def job_rows(job: Job, devices_for: Callable[[int, int], np.ndarray], memory: in
     except Exception as err:  # noqa: BLE001 - a plan that does not compile is this script's finding
         return [f"{name:<66} failed: {type(err).__name__}: {str(err).splitlines()[0][:200]}"]
     found = {program: Counter(_COLLECTIVE.findall(c.as_text())) for program, c in compiled}
+    predicted = estimate(Workload.of(job, ProfileBook().for_job(job)), plan).peak_bytes
     row = (f"{name:<66} {len(compiled):>8} {time.perf_counter() - start:>9.1f} "
-           f"{collective_columns(sum(found.values(), Counter()))} {peak / 2**30:>8.2f} {'yes' if peak <= memory else 'no':>4}")
+           f"{collective_columns(sum(found.values(), Counter()))} {peak / 2**30:>8.2f} {'yes' if peak <= memory else 'no':>4}"
+           f" {predicted / 2**30:>13.2f} {predicted / peak:>8.2f}")
     return [row] + [f"  {program:<64} {'':>18} {collective_columns(c)}" for program, c in found.items() if each]
 
 
@@ -113,7 +117,8 @@ def main() -> None:
     jobs = config_jobs(args.config)
     print(f"# {len(jobs)} jobs of {args.config}, compiled for {args.target} GPUs "
           f"({memory / 2**30:.1f} GiB each; no device attached, nothing autotuned)")
-    print(f"{'job':<66} programs compile s " + " ".join(COLLECTIVES) + " peak GiB fits", flush=True)
+    print(f"{'job':<66} programs compile s " + " ".join(COLLECTIVES) + " peak GiB fits predicted GiB pred/XLA",
+          flush=True)
     for job in jobs:
         rows = job_rows(job, lambda hosts, per_host: np.array(target_devices(args.target, hosts, per_host)), memory,
                         args.programs)
