@@ -53,17 +53,19 @@ def plan_kind(row: dict) -> str:
     return " ".join([kind, *marks, *["auto"] * bool(chosen)])
 
 
-def repredict(store: Store, rows: list[dict], profile: str | None = None, builtin: bool = False) -> list[dict]:
-    """The rows with predicted_time and predicted_memory from the current cost model; builtin:
-    each by the built-in profile of its attempt's device kind."""
-    if builtin:
-        return [{**r, **prediction(r, builtin_book(r))[0]} for r in rows]
+def repredict(store: Store, rows: list[dict], profile: str | None = None) -> list[dict]:
+    """The rows with predicted_time and predicted_memory from the current cost model."""
     book = profiles_for(Hosts.local(0), store).book
     if profile:
         measured = DeviceProfile.from_dict(json.loads(Path(profile).read_text()))
         book.add(measured)
         book.local[measured.platform] = measured.kind
     return [{**r, **prediction(r, book)[0]} for r in rows]
+
+
+def builtin_prices(rows: list[dict]) -> list[dict]:
+    """The rows priced by the current cost model, each by the built-in profile of its attempt's device kind."""
+    return [{**r, **prediction(r, builtin_book(r))[0]} for r in rows]
 
 
 def builtin_book(row: dict) -> ProfileBook:
@@ -96,7 +98,10 @@ def errors(db: str, fresh: bool = False, profile: str | None = None, builtin: bo
     store = Store(db, read_only=True)
     try:
         rows = store.attempts((SUCCEEDED,))
-        rows = repredict(store, rows, profile, builtin) if fresh or builtin else rows
+        if builtin:
+            rows = builtin_prices(rows)
+        elif fresh:
+            rows = repredict(store, rows, profile)
         rows = [r for r in rows if r.get("predicted_time") is not None]
     finally:
         store.close()

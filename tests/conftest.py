@@ -1,5 +1,6 @@
 import contextlib
 import fcntl
+import json
 import os
 import sqlite3
 import subprocess
@@ -75,6 +76,12 @@ def db_rows(db) -> list[dict]:
         return [dict(r) for r in conn.execute("SELECT * FROM attempts ORDER BY id")]
     finally:
         conn.close()
+
+
+def gpu_cost_attempts(kind: str) -> list[dict]:
+    """The CLI jobs of bench/gpu_cost.toml as a GPU of this built-in kind ran them (tests/data/KIND_gpu_cost.json):
+    each attempt's job (Job.to_dict), median step seconds and peak bytes."""
+    return json.loads((REPO / "tests" / "data" / f"{kind.lower()}_gpu_cost.json").read_text())["attempts"]
 
 
 def run_cli(*args: str, cwd: Path, timeout: float = 600, env: dict | None = None):

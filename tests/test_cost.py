@@ -4,7 +4,6 @@ import dataclasses
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -36,6 +35,7 @@ from codesign.planner.space import candidate_specs, plan_space, same_plan
 from codesign.spec.config import LinkSpec
 from codesign.spec.types import ClusterSpec, Job, ModelSpec, ParallelSpec, TrainingSpec
 from codesign.zhen import counts
+from tests.conftest import gpu_cost_attempts
 
 SEED = ModelSpec(512, 160, 20, 4, (("ATTENTION", "LINEAR", "ATTENTION", "DOT"),) * 4)
 SMALL = ModelSpec(32, 16, 4, 4, (("ATTENTION", "LINEAR"), ("DOT",), ("CONVOLUTION", "LINEAR"), ("DOT", "ATTENTION")))
@@ -85,12 +85,11 @@ def test_a_measured_builtin_gpu_prices_what_its_gpu_measured_of_two_models(kind)
     widths and mixers, bf16 and fp32, batch 1024 and 4096). The H200's: a median time error of 6.3%
     and at most 16.7%, where the data sheet's profile it replaced priced the F256 model's steps
     11-27% short (median 11.0%)."""
-    attempts = json.loads((Path(__file__).parent / "data" / f"{kind.lower()}_gpu_cost.json").read_text())["attempts"]
+    attempts = gpu_cost_attempts(kind)
     assert {a["job"]["model"]["num_features"] for a in attempts} == {512, 256} and len(attempts) == 8
     errors = []
     for attempt in attempts:
-        j = Job.from_dict(attempt["job"])
-        predicted = estimate(Workload.of(j, BUILTIN[kind]), make_plan(j)).seconds
+        predicted = priced(Job.from_dict(attempt["job"]), BUILTIN[kind]).seconds
         errors.append(abs(predicted - attempt["median"]) / attempt["median"])
     assert BUILTIN[kind].source == "built-in" and BUILTIN[kind].memory == DATA_SHEETS[kind].memory_gib * 2**30
     assert sorted(errors)[len(errors) // 2] < 0.08 and max(errors) < 0.2

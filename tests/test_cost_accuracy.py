@@ -16,7 +16,7 @@ from codesign.planner.plan import make_plan
 from codesign.planner.profiles import BUILTIN
 from codesign.spec.types import Job
 from tests.configs import EVERY_MIXER_MODEL
-from tests.conftest import REPO, run_cli
+from tests.conftest import REPO, gpu_cost_attempts, run_cli
 
 CONFIG = """
 [training_spec]
@@ -106,11 +106,11 @@ def test_the_bench_names_auto_search_attempts_by_the_plan_they_ran():
 def test_the_bench_reprices_each_attempt_by_the_builtin_profile_of_its_device_kind():
     """--builtin (gpu_check.sh's part 4): the H200 run's eight jobs, as if recorded on an H200 and on an
     H100, are priced by BUILTIN["H200"] and BUILTIN["H100"], whatever profiles the machine holds."""
-    attempts = json.loads((REPO / "tests" / "data" / "h200_gpu_cost.json").read_text())["attempts"]
+    attempts = gpu_cost_attempts("H200")
     kinds = {"NVIDIA H200": "H200", "NVIDIA H100 80GB HBM3": "H100"}
     rows = [{"all_configs": json.dumps(a["job"]), "device_kind": kind, "platform": "gpu"}
             for kind in kinds for a in attempts]
-    found = bench_cost_model().repredict(None, rows, builtin=True)
+    found = bench_cost_model().builtin_prices(rows)
     for row in found:
         job = Job.from_dict(json.loads(row["all_configs"]))
         expected = estimate(Workload.of(job, BUILTIN[kinds[row["device_kind"]]]), make_plan(job)).seconds
