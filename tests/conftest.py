@@ -89,8 +89,9 @@ def run_cli(*args: str, cwd: Path, timeout: float = 600, env: dict | None = None
                           text=True, timeout=timeout, env={**os.environ, **(env or {})})
 
 
-def run_on_devices(n: int, script: str, timeout: float = 600, xla_flags: str = "") -> subprocess.CompletedProcess:
-    """Run a Python script in a fresh process that sees n virtual CPU devices."""
+def run_on_devices(n: int, script: str, timeout: float = 600, xla_flags: str = FAST_XLA) -> subprocess.CompletedProcess:
+    """Run a Python script in a fresh process that sees n virtual CPU devices, compiling as the
+    suite does (FAST_XLA) unless it times steps (xla_flags="": XLA's defaults)."""
     env = {**os.environ, "JAX_PLATFORMS": "cpu",
            "XLA_FLAGS": f"--xla_force_host_platform_device_count={n} {xla_flags}".strip()}
     proc = subprocess.run([sys.executable, "-c", textwrap.dedent(script)], capture_output=True,

@@ -316,7 +316,7 @@ def test_gradients_are_all_reduced_once_per_step_after_the_micro_batches():
     loop is one device's own, op for op (vmapped over the batch shards, its weight gradients
     came out transposed and were added through transposing copies). The cost model charges one
     all-reduce, as for one micro-batch."""
-    from tests.conftest import FAST_XLA, run_on_devices
+    from tests.conftest import run_on_devices
 
     proc = run_on_devices(2, r"""
         import collections, json, re
@@ -361,7 +361,7 @@ def test_gradients_are_all_reduced_once_per_step_after_the_micro_batches():
         found["same loop"] = loop_ops(compiled(2, 2)[1]) == loop_ops(compiled(1, 2)[1])
         found["no reduce in the loop"] = loop_ops(compiled(2, 2)[1])["all-reduce"] == 0
         print(json.dumps(found))
-    """, xla_flags=FAST_XLA)
+    """)
     found = json.loads(proc.stdout.strip().splitlines()[-1])
     assert found == {"2": [1, 0, True], "1": [1, 0, True], "same loop": True, "no reduce in the loop": True}
     priced2, priced1 = (priced(job(model=SMALL, batch=8, per_host=2, pp_dp_op=(1, 2, 1), micro=m, device="cpu"))
@@ -377,7 +377,7 @@ def test_pipeline_stages_on_dp_all_reduce_once_per_step():
     stage's forward sums its micro-batch's loss (a scalar). With op = 2 too, each update
     all-reduces once (the backward keeps op's own collectives). The cost model charges a stage
     one all-reduce a step where it defers, one per micro-batch under ZeRO-2."""
-    from tests.conftest import FAST_XLA, run_on_devices
+    from tests.conftest import run_on_devices
 
     proc = run_on_devices(8, r"""
         import json, re
@@ -409,7 +409,7 @@ def test_pipeline_stages_on_dp_all_reduce_once_per_step():
                                                                   for a in jax.tree.leaves(abstract))]})
             found[f"mb{micro} op{op}"] = stages
         print(json.dumps(found))
-    """, xla_flags=FAST_XLA)
+    """)
     found = json.loads(proc.stdout.strip().splitlines()[-1])
     once = found["mb2 op1"]
     assert [s["backward"] for s in once] == [0, 0] and [s["update"] for s in once] == [1, 1], once

@@ -11,7 +11,7 @@ from codesign.planner.plan import make_plan
 from codesign.planner.schedule import dispatch_order, max_in_flight, stage_order
 from codesign.spec.config import load_config
 from codesign.spec.types import ClusterSpec, Job, ModelSpec, ParallelSpec, TrainingSpec
-from tests.conftest import FAST_XLA, USER_CONFIGS, run_on_devices
+from tests.conftest import USER_CONFIGS, run_on_devices
 from tests.reference import assert_matches
 
 TOKENS = (("ATTENTION", "LINEAR"), ("DOT",), ("CONVOLUTION", "LINEAR"), ("ATTENTION",),
@@ -102,7 +102,7 @@ def cache(tmp_path_factory):
 @pytest.mark.parametrize("pipelines", [False, True], ids=["pp1", "pipelines"])
 def test_fixture_plans_match_single_device_reference(fixture_config, cache, pipelines):
     script = f"CACHE = {cache!r}\nPIPELINES = {pipelines}\n" + SCRIPT
-    out = json.loads(run_on_devices(16, script, xla_flags=FAST_XLA).stdout.strip().splitlines()[-1])
+    out = json.loads(run_on_devices(16, script).stdout.strip().splitlines()[-1])
     for ref in out["refs"]:
         assert ref["losses"][1] < ref["losses"][0]  # the reference itself trains
         assert ref["live"] >= ref["leaves"] - 12
@@ -187,7 +187,7 @@ def test_remat_lowers_the_measured_peak_memory_of_a_deep_model(cache):
     activations to its groups' inputs. (In one fused pp = 1 program XLA's CPU scheduler does not
     turn remat into lower peak memory, so the fused case is left to GPUs.)"""
     script = f"CACHE = {cache!r}\n" + REMAT_SCRIPT
-    out = json.loads(run_on_devices(4, script, xla_flags=FAST_XLA).stdout.strip().splitlines()[-1])
+    out = json.loads(run_on_devices(4, script).stdout.strip().splitlines()[-1])
     memory = out["memory"]
     assert memory["GPipe remat"] < 0.5 * memory["GPipe"], memory
     assert memory["1F1B"] < memory["GPipe"], memory  # fewer micro-batches in flight on stage 0
@@ -248,6 +248,6 @@ def test_a_dp_stage_makes_broadcasts_again_instead_of_holding_them_whole_on_each
                     for r in residuals]
             found.append([sum(b for b, _ in held), sum(b for b, whole in held if whole)])
         print(json.dumps(found))
-    """, xla_flags=FAST_XLA).stdout.strip().splitlines()[-1]
+    """).stdout.strip().splitlines()[-1]
     mib = [[b / 2**20 for b in stage] for stage in json.loads(out)]
     assert all(held < 16 and whole < 0.1 * held for held, whole in mib), mib

@@ -11,7 +11,7 @@ from codesign.engine import job as job_body
 from codesign.engine import programs
 from codesign.planner.plan import make_plan
 from codesign.spec.types import ClusterSpec, Job, ModelSpec, ParallelSpec, TrainingSpec
-from tests.conftest import FAST_XLA, run_on_devices
+from tests.conftest import run_on_devices
 
 
 class SmallDevice:
@@ -53,7 +53,7 @@ def test_too_big_a_pipeline_is_oom_before_anything_is_allocated():
                                   parallel=ParallelSpec("pipeline", (2,), 2, pp_dp_op=(2, 1, 1)), num_micro_batches=2)
         outcome = job_body.run_job(job)
         print(json.dumps([outcome.status, outcome.error, [s["device_ids"] for s in outcome.plan["stages"]], allocated]))
-    """, xla_flags=FAST_XLA)
+    """)
     status, error, devices, allocated = json.loads(proc.stdout.strip().splitlines()[-1])
     assert (status, devices, allocated) == ("oom", [[0], [1]], []), proc.stderr[-2000:]
     assert "GiB per device, the device has 0.00 GiB" in error

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from tests.configs import EVERY_MIXER_MODEL
-from tests.conftest import FAST_XLA, run_on_devices
+from tests.conftest import run_on_devices
 
 CONFIG = """
 [training_spec]
@@ -63,7 +63,7 @@ def test_each_plan_is_compiled_with_its_collectives_counted(tmp_path):
         rows = [target_plans.job_rows(job, lambda hosts, per_host: np.array(jax.devices()[:hosts * per_host]), 2**40,
                                       each=True) for job in jobs]
         print(json.dumps([[job.platform for job in jobs], rows]))
-    """, xla_flags=FAST_XLA)
+    """)
     platforms, rows = json.loads(proc.stdout.strip().splitlines()[-1])
     assert platforms == ["gpu"] * 5, proc.stderr[-2000:]
     fields = [lines[0].split("'")[-1].split() for lines in rows]

@@ -276,7 +276,7 @@ def test_the_convolutions_gradient_inside_shard_map_sums_the_shards():
     gradients come out replicated, the sum over the shards as JAX differentiates a broadcast
     (the custom VJP's are as varying as its cotangent; network.varying_like's cast makes the
     sum), equal to the unsharded ones."""
-    from tests.conftest import FAST_XLA, run_on_devices
+    from tests.conftest import run_on_devices
 
     out = run_on_devices(2, """
         import flax.linen as nn, jax, jax.numpy as jnp, numpy as np
@@ -290,7 +290,7 @@ def test_the_convolutions_gradient_inside_shard_map_sums_the_shards():
                                 in_specs=(P(), P("d")), out_specs=P())
         whole, split = jax.grad(loss)(params, z), jax.jit(sharded)(params, z)
         print(max(float(jnp.max(jnp.abs(a - b))) for a, b in zip(jax.tree.leaves(whole), jax.tree.leaves(split))))
-    """, xla_flags=FAST_XLA)
+    """)
     assert float(out.stdout.strip().splitlines()[-1]) < 1e-4
 
 
