@@ -29,12 +29,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from codesign.run.local import LocalExecutor
-from codesign.run.profiling import profiles_for
+from codesign.run.profile_cache import profiles_for
 from codesign.run.sweep import Pricing, run_sweep
-from codesign.spec.config import load_config
-from codesign.spec.hosts import Hosts
-from codesign.spec.jobs import PlannedJob, enumerate_jobs
-from codesign.spec.types import AUTO_SEARCH
+from codesign.config.loader import load_config
+from codesign.config.hosts import Hosts
+from codesign.config.jobs import PlannedJob, enumerate_jobs
+from codesign.config.types import AUTO_SEARCH
 from codesign.store.database import Store
 
 MODELS = {  # name: the [[model]] table (4 layers: pp 1, 2 and 4 all divide them)

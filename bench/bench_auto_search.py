@@ -13,8 +13,8 @@ import argparse
 import sys
 
 from codesign.planner.auto import EXHAUSTIVE_LIMIT, choose_plan, space_size
-from codesign.planner.profiles import ProfileBook
-from codesign.spec.types import ClusterSpec, Job, ModelSpec, ParallelSpec, TrainingSpec
+from codesign.planner.device_profiles import ProfileBook
+from codesign.config.types import ClusterSpec, Job, ModelSpec, ParallelSpec, TrainingSpec
 
 CLUSTERS = [(1, 1), (1, 2), (1, 4), (1, 8), (2, 8), (4, 8), (8, 8)]  # (hosts, devices per host)
 SPACE_CAP = 10**6  # count the space up to this

@@ -54,26 +54,26 @@ CPU_SPACE = ["--base-features", "32", "--base-emb-dim", "16", "--base-output-per
 def time_default() -> None:
     """Rank the default space on bench/plan_sim.toml, in process, one cluster at a time."""
     from codesign.cli import build_search_parser
-    from codesign.planner import codesign
-    from codesign.planner.profiles import ProfileBook
-    from codesign.spec.config import load_config
+    from codesign.planner import ranking
+    from codesign.planner.device_profiles import ProfileBook
+    from codesign.config.loader import load_config
     from codesign.zhen import search
 
     config = load_config(REPO / "bench" / "plan_sim.toml")
     query = search.search_from_args(build_search_parser().parse_args([]))
     start = time.perf_counter()
-    found = codesign.candidates(query)
+    found = ranking.candidates(query)
     print(f"candidates: {len(found):,} in {time.perf_counter() - start:.2f} s")
     total = time.perf_counter() - start
-    for target in codesign.targets(config, lambda cluster: "sim"):
+    for target in ranking.targets(config, lambda cluster: "sim"):
         began = time.perf_counter()
-        ranking = codesign.rank_target(target, config.training, ProfileBook(), config.links, found, codesign.DEFAULT_TOP)
+        ranked = ranking.rank_target(target, config.training, ProfileBook(), config.links, found, ranking.DEFAULT_TOP)
         seconds = time.perf_counter() - began
         total += seconds
-        best = int(ranking.top(1)[0])
-        print(f"{target.describe()}: {seconds:.2f} s, {int(ranking.searched.sum())} searched in full; best "
-              f"{found.model(best).summary()} at {ranking.global_batch / ranking.seconds[best]:,.0f} samples/s "
-              f"({ranking.plans[best]})")
+        best = int(ranked.top(1)[0])
+        print(f"{target.describe()}: {seconds:.2f} s, {int(ranked.searched.sum())} searched in full; best "
+              f"{found.model(best).summary()} at {ranked.global_batch / ranked.seconds[best]:,.0f} samples/s "
+              f"({ranked.plans[best]})")
     print(f"ranking time, {len(found):,} candidates on 3 clusters: {total:.1f} s (goal: at most 60 s)")
 
 

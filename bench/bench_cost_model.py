@@ -27,10 +27,10 @@ from pathlib import Path
 import numpy as np
 
 from codesign.outcome import SUCCEEDED
-from codesign.planner.profiles import DeviceProfile, ProfileBook, builtin_kind
-from codesign.run.profiling import profiles_for
+from codesign.planner.device_profiles import DeviceProfile, ProfileBook, builtin_kind
+from codesign.run.profile_cache import profiles_for
 from codesign.run.reprice import prediction
-from codesign.spec.hosts import Hosts
+from codesign.config.hosts import Hosts
 from codesign.store.database import Store
 
 

@@ -20,10 +20,10 @@ from codesign.outcome import SUCCEEDED, Outcome
 from codesign.run.discovery import local_gpu_count
 from codesign.run.local import LocalExecutor
 from codesign.run.sweep import invalid_outcome
-from codesign.spec.config import load_config
-from codesign.spec.hosts import Hosts
-from codesign.spec.jobs import enumerate_jobs
-from codesign.spec.types import SCHEDULES, Job
+from codesign.config.loader import load_config
+from codesign.config.hosts import Hosts
+from codesign.config.jobs import enumerate_jobs
+from codesign.config.types import SCHEDULES, Job
 
 DEFAULT = Path(__file__).with_name("plans.toml")
 HEADER = (f"{'plan':<34}{'mb':>4}{'sched':>7}{'status':>11}{'median ms':>11}{'p90 ms':>9}"

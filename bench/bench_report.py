@@ -19,8 +19,8 @@ from pathlib import Path
 from codesign.outcome import Outcome
 from codesign.report.render import write_report
 from codesign.report.tables import sweep_summary
-from codesign.spec.jobs import job_key
-from codesign.spec.types import (
+from codesign.config.jobs import job_key
+from codesign.config.types import (
     AUTO_SEARCH,
     ClusterSpec,
     Job,

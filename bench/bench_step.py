@@ -58,12 +58,12 @@ import reference_step
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from codesign.engine import profile, programs
+from codesign.engine import probe, programs
 from codesign.engine import step as single_stage
 from codesign.engine.job import build_training, configure_jax
 from codesign.planner.plan import MESH_AXES, make_plan
-from codesign.planner.profiles import builtin_kind
-from codesign.spec.types import ClusterSpec, Job, ModelSpec, ParallelSpec, TrainingSpec
+from codesign.planner.device_profiles import builtin_kind
+from codesign.config.types import ClusterSpec, Job, ModelSpec, ParallelSpec, TrainingSpec
 from codesign.zhen import counts, network
 
 MODELS = {

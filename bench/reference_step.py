@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from codesign.spec.types import ModelSpec
+from codesign.config.types import ModelSpec
 from codesign.zhen.counts import layer_widths
 
 Params = dict[str, Any]

@@ -39,11 +39,11 @@ from codesign.engine import step as single_stage
 from codesign.planner.auto import choose_plan
 from codesign.planner.cost import Workload, estimate
 from codesign.planner.plan import MESH_AXES, Plan, make_plan
-from codesign.planner.profiles import ProfileBook
-from codesign.spec.config import load_config
-from codesign.spec.hosts import Hosts
-from codesign.spec.jobs import enumerate_jobs
-from codesign.spec.types import Job
+from codesign.planner.device_profiles import ProfileBook
+from codesign.config.loader import load_config
+from codesign.config.hosts import Hosts
+from codesign.config.jobs import enumerate_jobs
+from codesign.config.types import Job
 
 COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "collective-permute", "all-to-all")
 NO_TRITON_GEMMS = "--xla_gpu_enable_triton_gemm=false"

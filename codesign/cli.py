@@ -20,13 +20,13 @@ from typing import TYPE_CHECKING, Callable, Iterator, TextIO
 
 from codesign import __version__
 from codesign.errors import ConfigError, UserError
-from codesign.spec.config import DEFAULT_CONFIG, Config, load_config
-from codesign.spec.hosts import Hosts, platform_for
-from codesign.spec.jobs import PlannedJob, enumerate_jobs
+from codesign.config.loader import DEFAULT_CONFIG, Config, load_config
+from codesign.config.hosts import Hosts, platform_for
+from codesign.config.jobs import PlannedJob, enumerate_jobs
 from codesign.store.database import Decision, Store
 
 if TYPE_CHECKING:
-    from codesign.run.profiling import Profiles
+    from codesign.run.profile_cache import Profiles
     from codesign.run.sweep import Executor, SweepSummary
 
 EXIT_USAGE = 2
@@ -167,7 +167,7 @@ def search_main(argv: list[str], prog: str = "codesign search") -> int:
 def _rank_main(args: argparse.Namespace) -> int:
     """`codesign search --rank`: the ranking's TOML on stdout, its CSV, and with --run-top the
     winners run (priced by the profiles the sweep will use: measured first where it would be)."""
-    from codesign.planner import codesign
+    from codesign.planner import ranking
     from codesign.zhen import search
 
     if args.run_top < 0:
@@ -180,10 +180,10 @@ def _rank_main(args: argparse.Namespace) -> int:
     platform_of = functools.partial(platform_for, hosts=hosts)
     for platform in {platform_of(c) for c in config.clusters} - {"sim"} if args.run_top else ():
         profiles.measured_for(platform)
-    found, rankings = codesign.rank(query, config, profiles.book, platform_of, args.top)
-    codesign.write_toml(found, rankings, args.top, sys.stdout)
+    found, rankings = ranking.rank(query, config, profiles.book, platform_of, args.top)
+    ranking.write_toml(found, rankings, args.top, sys.stdout)
     measured, code = _run_top(found, rankings, args, config, hosts, profiles) if args.run_top else ({}, 0)
-    rows = codesign.write_csv(found, rankings, args.csv, measured)
+    rows = ranking.write_csv(found, rankings, args.csv, measured)
     print(f"codesign: {len(found):,} candidates on {len(rankings)} cluster(s): {rows:,} rows in {args.csv}",
           file=sys.stderr)
     return code
@@ -193,11 +193,11 @@ def _run_top(found, rankings, args: argparse.Namespace, config: Config, hosts: H
              profiles: Profiles) -> tuple[dict, int]:
     """Run the --run-top best of each ranking as a sweep (codesign run's path) and print how the
     prediction ranked them: ((ranking, candidate) -> (measured samples/s, job key), the sweep's exit code)."""
-    from codesign.planner import codesign
-    from codesign.spec.jobs import job_key
+    from codesign.planner import ranking
+    from codesign.config.jobs import job_key
 
-    picked = {(t, c): ranking.target.job(found.model(c), config.training)
-              for t, ranking in enumerate(rankings) for c in map(int, ranking.top(args.run_top))}
+    picked = {(t, c): ranked.target.job(found.model(c), config.training)
+              for t, ranked in enumerate(rankings) for c in map(int, ranked.top(args.run_top))}
     planned = list(dict.fromkeys(PlannedJob(job) for job in picked.values()))
     run_args = argparse.Namespace(db=args.db, retry_failed=False, manual_job_timeout=600, ray_address=None,
                                   verbose=args.verbose, max_concurrent=None)
@@ -210,10 +210,10 @@ def _run_top(found, rankings, args: argparse.Namespace, config: Config, hosts: H
     finally:
         store.close()
     measured = {tc: (speed.get(job_key(job), float("nan")), job_key(job)) for tc, job in picked.items()}
-    for t, ranking in enumerate(rankings):
-        ran = [(ranking.global_batch / ranking.seconds[c], measured[t, c][0]) for tt, c in picked if tt == t]
-        figures = codesign.agreement(*zip(*ran)) if ran else {}
-        print(f"codesign: {ranking.target.describe()}: {codesign.agreement_line(figures)}", file=sys.stderr)
+    for t, ranked in enumerate(rankings):
+        ran = [(ranked.global_batch / ranked.seconds[c], measured[t, c][0]) for tt, c in picked if tt == t]
+        figures = ranking.agreement(*zip(*ran)) if ran else {}
+        print(f"codesign: {ranked.target.describe()}: {ranking.agreement_line(figures)}", file=sys.stderr)
     return measured, code
 
 
@@ -263,7 +263,7 @@ def _hosts(config: Config, address: str | None) -> Hosts:
 
 def _profiles(hosts: Hosts, db: str, address: str | None) -> Profiles:
     """The profiles a command prices with: built-in, the DB's measured copies, this machine's cache."""
-    from codesign.run.profiling import profiles_for
+    from codesign.run.profile_cache import profiles_for
 
     store = Store.open_if_exists(db)
     try:
@@ -381,7 +381,7 @@ def fixed_width(columns: tuple[str, ...], rows: list[tuple[str, ...]]) -> str:
 def plan_main(argv: list[str]) -> int:
     """`codesign plan -c CONFIG [--top K] [--format table|csv]`: rank every plan, run nothing.
     Platforms and profiles resolve exactly as the sweep's do."""
-    from codesign.planner import report
+    from codesign.planner import listing
 
     parser = _parser("codesign plan", "Rank every plan of each (model, cluster, micro-batches) by predicted "
                                       "time; run nothing.")
@@ -396,8 +396,8 @@ def plan_main(argv: list[str]) -> int:
         hosts = _hosts(config, config.ray.address)
         book = _profiles(hosts, args.db, config.ray.address).book
     check_devices(config, book)
-    write = report.write_csv if args.format == "csv" else report.write_table
-    rows = write(report.plan_rows(config, book, args.top, hosts), sys.stdout)
+    write = listing.write_csv if args.format == "csv" else listing.write_table
+    rows = write(listing.plan_rows(config, book, args.top, hosts), sys.stdout)
     print(f"codesign: {rows} plans priced", file=sys.stderr)
     return 0
 
@@ -408,7 +408,7 @@ def profile_main(argv: list[str]) -> int:
     import json
 
     from codesign.run import discovery
-    from codesign.run.profiling import ProfileCache, measure, this_machine
+    from codesign.run.profile_cache import ProfileCache, measure, this_machine
 
     parser = _parser("codesign profile", profile_main.__doc__)
     parser.add_argument("--platform", choices=("cpu", "gpu"), help="Which devices to profile (default: the "

@@ -24,10 +24,10 @@ import psutil
 
 from codesign.run.local import LocalExecutor
 from codesign.run.sweep import run_sweep
-from codesign.spec.config import load_config
-from codesign.spec.hosts import Hosts
-from codesign.spec.jobs import PlannedJob, enumerate_jobs
-from codesign.spec.types import ClusterSpec, Job, ModelSpec, ParallelSpec, TrainingSpec
+from codesign.config.loader import load_config
+from codesign.config.hosts import Hosts
+from codesign.config.jobs import PlannedJob, enumerate_jobs
+from codesign.config.types import ClusterSpec, Job, ModelSpec, ParallelSpec, TrainingSpec
 from codesign.store.database import Store
 from tests.configs import SMALL_HEAD
 

@@ -10,7 +10,7 @@ import numpy as np
 
 from codesign.engine.job import build_training, train_steps
 from codesign.planner.plan import make_plan
-from codesign.spec.types import ModelSpec
+from codesign.config.types import ModelSpec
 from codesign.zhen import network
 
 ADAM_B1 = 0.9  # optax.adam's default, which the engine uses

@@ -12,8 +12,8 @@ from pathlib import Path
 from codesign.outcome import SIMULATED, Outcome
 from codesign.planner.columns import plan_columns
 from codesign.planner.plan import Plan, plan_from_stages
-from codesign.spec.jobs import job_key
-from codesign.spec.types import (
+from codesign.config.jobs import job_key
+from codesign.config.types import (
     AUTO_SEARCH,
     ClusterSpec,
     Job,

@@ -19,8 +19,8 @@ from codesign.planner.auto import (
 from codesign.planner.columns import plan_columns
 from codesign.planner.cost import Workload, estimate
 from codesign.planner.plan import check_plan
-from codesign.planner.profiles import BUILTIN, ProfileBook
-from codesign.spec.types import ClusterSpec, Job, ModelSpec, ParallelSpec, TrainingSpec
+from codesign.planner.device_profiles import BUILTIN, ProfileBook
+from codesign.config.types import ClusterSpec, Job, ModelSpec, ParallelSpec, TrainingSpec
 
 SEED = ModelSpec(512, 160, 20, 4, (("ATTENTION", "LINEAR", "ATTENTION", "DOT"),) * 4)
 SMALL = ModelSpec(32, 16, 4, 4, (("ATTENTION", "LINEAR"), ("DOT",), ("CONVOLUTION", "LINEAR"), ("DOT", "ATTENTION")))

@@ -10,15 +10,15 @@ import pytest
 from codesign.planner.auto import NoPlanFits, choose_plan
 from codesign.planner.columns import plan_columns
 from codesign.planner.plan import Plan
-from codesign.planner.profiles import ProfileBook
+from codesign.planner.device_profiles import ProfileBook
 from codesign.report.frame import attempts_frame
 from codesign.run.local import LocalExecutor
-from codesign.run.profiling import Profiles
+from codesign.run.profile_cache import Profiles
 from codesign.run.sweep import Pricing, run_sweep
-from codesign.spec.config import load_config
-from codesign.spec.hosts import Hosts
-from codesign.spec.jobs import enumerate_jobs
-from codesign.spec.types import ClusterSpec, Job, ModelSpec, ParallelSpec, TrainingSpec
+from codesign.config.loader import load_config
+from codesign.config.hosts import Hosts
+from codesign.config.jobs import enumerate_jobs
+from codesign.config.types import ClusterSpec, Job, ModelSpec, ParallelSpec, TrainingSpec
 from codesign.store.database import Store
 from tests.conftest import FAST_XLA, db_rows, run_cli, run_on_devices
 
@@ -54,7 +54,7 @@ JOB = Job(MODEL, ClusterSpec(1, 4, "NVLink", "cpu"), TrainingSpec(3, 3),
 SCRIPT = """
 import json
 from codesign.planner.plan import Plan
-from codesign.spec.types import ClusterSpec, Job, ParallelSpec, TrainingSpec
+from codesign.config.types import ClusterSpec, Job, ParallelSpec, TrainingSpec
 from tests.reference import differences, live_leaves, two_steps
 from tests.test_auto_runs import JOB, MODEL
 

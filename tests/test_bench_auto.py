@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from codesign.spec.config import load_config
-from codesign.spec.hosts import Hosts
-from codesign.spec.jobs import enumerate_jobs
-from codesign.spec.types import AUTO_SEARCH
+from codesign.config.loader import load_config
+from codesign.config.hosts import Hosts
+from codesign.config.jobs import enumerate_jobs
+from codesign.config.types import AUTO_SEARCH
 from tests.conftest import REPO
 
 

@@ -16,9 +16,9 @@ import pytest
 import codesign
 from codesign.outcome import Outcome
 from codesign.report import fmt
-from codesign.spec.config import DEFAULT_CONFIG, load_config
-from codesign.spec.hosts import Hosts
-from codesign.spec.jobs import enumerate_jobs
+from codesign.config.loader import DEFAULT_CONFIG, load_config
+from codesign.config.hosts import Hosts
+from codesign.config.jobs import enumerate_jobs
 from codesign.store.database import Store
 from codesign.store.schema import LEGACY_COLUMNS
 from tests.conftest import REPO, SMALL_CONFIG, db_rows, run_cli
@@ -247,7 +247,7 @@ def test_no_warning_where_nvidia_smi_lists_no_gpu(tmp_path):
 def test_plan_and_the_sweep_price_every_job_of_the_default_config_alike(default_sweep):
     """`codesign plan` resolves platforms ("auto": virtual CPU devices on this machine) and
     profiles exactly as the sweep does: the same predicted_time for every job."""
-    from codesign.run.profiling import profiles_for
+    from codesign.run.profile_cache import profiles_for
     from codesign.run.sweep import Pricing
 
     cwd, _, _ = default_sweep

@@ -1,8 +1,8 @@
 import pytest
 
 from codesign.errors import ConfigError
-from codesign.spec.config import DEFAULT_CONFIG, RaySettings, load_config
-from codesign.spec.types import AUTO_SEARCH
+from codesign.config.loader import DEFAULT_CONFIG, RaySettings, load_config
+from codesign.config.types import AUTO_SEARCH
 from tests.conftest import SHARED_FIXTURES, USER_CONFIGS
 from tests.conftest import SMALL_CONFIG as BASE
 

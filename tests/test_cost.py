@@ -19,7 +19,7 @@ from codesign.planner.cost import (
     stage_compute,
 )
 from codesign.planner.plan import Plan, StagePlan, make_plan
-from codesign.planner.profiles import (
+from codesign.planner.device_profiles import (
     BUILTIN,
     DATA_SHEETS,
     ENCODER_PAIR,
@@ -32,8 +32,8 @@ from codesign.planner.profiles import (
     interpolated,
 )
 from codesign.planner.space import candidate_specs, plan_space, same_plan
-from codesign.spec.config import LinkSpec
-from codesign.spec.types import ClusterSpec, Job, ModelSpec, ParallelSpec, TrainingSpec
+from codesign.config.loader import LinkSpec
+from codesign.config.types import ClusterSpec, Job, ModelSpec, ParallelSpec, TrainingSpec
 from codesign.zhen import counts
 from tests.conftest import gpu_cost_attempts
 
@@ -53,8 +53,8 @@ def priced(j: Job, profile: DeviceProfile | None = None) -> cost.Estimate:
 
 
 def test_importing_the_planner_and_pricing_never_imports_jax():
-    code = ("import sys, codesign.planner.cost, codesign.planner.space, codesign.planner.report, "
-            "codesign.run.profiling, codesign.cli; assert 'jax' not in sys.modules, 'jax imported'")
+    code = ("import sys, codesign.planner.cost, codesign.planner.space, codesign.planner.listing, "
+            "codesign.run.profile_cache, codesign.cli; assert 'jax' not in sys.modules, 'jax imported'")
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
@@ -324,7 +324,7 @@ def test_gradients_are_all_reduced_once_per_step_after_the_micro_batches():
         from codesign.engine import programs
         from codesign.engine.step import build_single_stage
         from codesign.planner.plan import make_plan
-        from codesign.spec.types import ClusterSpec, Job, ModelSpec, ParallelSpec, TrainingSpec
+        from codesign.config.types import ClusterSpec, Job, ModelSpec, ParallelSpec, TrainingSpec
         model = ModelSpec(16, 8, 4, 2, (("DOT", "ATTENTION", "LINEAR", "CONVOLUTION"),) * 2)
 
         def compiled(devices, micro):
@@ -385,7 +385,7 @@ def test_pipeline_stages_on_dp_all_reduce_once_per_step():
         from codesign.engine import programs
         from codesign.engine.pipeline import compile_pipeline
         from codesign.planner.plan import make_plan
-        from codesign.spec.types import ClusterSpec, Job, ModelSpec, ParallelSpec, TrainingSpec
+        from codesign.config.types import ClusterSpec, Job, ModelSpec, ParallelSpec, TrainingSpec
         model = ModelSpec(16, 8, 4, 2, (("DOT", "ATTENTION", "LINEAR", "CONVOLUTION"),) * 2)
 
         def reduced(text):  # the f32 shapes of each all-reduce in a compiled program

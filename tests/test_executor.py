@@ -9,8 +9,8 @@ import psutil
 
 from codesign.run.local import LocalExecutor
 from codesign.run.sweep import run_sweep
-from codesign.spec.jobs import PlannedJob
-from codesign.spec.types import ClusterSpec
+from codesign.config.jobs import PlannedJob
+from codesign.config.types import ClusterSpec
 from codesign.store.database import Store
 from tests.conftest import REPO
 from tests.fault_trials import fault_job

@@ -1,8 +1,8 @@
 import dataclasses
 
-from codesign.spec.config import load_config
-from codesign.spec.hosts import Hosts
-from codesign.spec.jobs import enumerate_jobs, job_key, job_timeout
+from codesign.config.loader import load_config
+from codesign.config.hosts import Hosts
+from codesign.config.jobs import enumerate_jobs, job_key, job_timeout
 
 
 def test_fixture_config_enumerates_46_jobs_in_nesting_order(fixture_config):

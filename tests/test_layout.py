@@ -13,15 +13,15 @@ from pathlib import Path
 
 import pytest
 
-from codesign.spec.config import load_config
-from codesign.spec.hosts import Hosts
-from codesign.spec.jobs import enumerate_jobs, job_key
-from codesign.spec.types import TrainingSpec
+from codesign.config.loader import load_config
+from codesign.config.hosts import Hosts
+from codesign.config.jobs import enumerate_jobs, job_key
+from codesign.config.types import TrainingSpec
 from codesign.store.database import Store
 from tests.conftest import REPO, run_cli
 
 DATA = REPO / "tests" / "data"
-PURE_PACKAGES = ("spec", "planner", "run", "store", "report")
+PURE_PACKAGES = ("config", "planner", "run", "store", "report")
 PURE_MODULES = ("codesign.zhen.counts", "codesign.zhen.search", "codesign.cli", "codesign.outcome")
 
 # Keys of the four jobs of tests/data/results_v0.1.0.toml, pinned: a change to the canonical form
@@ -169,8 +169,8 @@ def imported_modules(path: Path) -> set[str]:
 def test_the_store_speaks_only_specs_and_outcomes_and_specs_probe_nothing():
     for path in (REPO / "codesign" / "store").glob("*.py"):
         ours = {m for m in imported_modules(path) if m.startswith("codesign")}
-        assert all(m.split(".")[1] in ("spec", "outcome", "errors", "store") for m in ours), (path.name, ours)
-    for path in (REPO / "codesign" / "spec").glob("*.py"):
+        assert all(m.split(".")[1] in ("config", "outcome", "errors", "store") for m in ours), (path.name, ours)
+    for path in (REPO / "codesign" / "config").glob("*.py"):
         assert not imported_modules(path) & {"subprocess", "shutil", "ray", "jax"}, path.name  # discovery is run/'s
     assert "scipy.optimize" in imported_modules(REPO / "codesign" / "planner" / "calibration.py")
 

@@ -11,7 +11,7 @@ from tests.reference import assert_matches
 
 SCRIPT = """
 import json
-from codesign.spec.types import ClusterSpec, Job, ModelSpec, ParallelSpec, TrainingSpec
+from codesign.config.types import ClusterSpec, Job, ModelSpec, ParallelSpec, TrainingSpec
 from tests.reference import differences, live_leaves, two_steps
 
 model = ModelSpec(16, 8, 4, 2, (("ATTENTION", "LINEAR", "DOT", "CONVOLUTION"), ("DOT", "ATTENTION")))

@@ -9,8 +9,8 @@ import pytest
 from codesign.errors import PlanError
 from codesign.planner.plan import make_plan
 from codesign.planner.schedule import dispatch_order, max_in_flight, stage_order
-from codesign.spec.config import load_config
-from codesign.spec.types import ClusterSpec, Job, ModelSpec, ParallelSpec, TrainingSpec
+from codesign.config.loader import load_config
+from codesign.config.types import ClusterSpec, Job, ModelSpec, ParallelSpec, TrainingSpec
 from tests.conftest import USER_CONFIGS, run_on_devices
 from tests.reference import assert_matches
 
@@ -26,7 +26,7 @@ import jax
 jax.config.update("jax_compilation_cache_dir", CACHE)
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
 jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
-from codesign.spec.types import ClusterSpec, Job, ParallelSpec, TrainingSpec
+from codesign.config.types import ClusterSpec, Job, ParallelSpec, TrainingSpec
 from tests.reference import differences, live_leaves, two_steps
 from tests.test_pipeline import fixture_jobs
 
@@ -205,7 +205,7 @@ import jax
 jax.config.update("jax_compilation_cache_dir", CACHE)
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
 from codesign.engine.job import run_job
-from codesign.spec.types import ClusterSpec, Job, ModelSpec, ParallelSpec, TrainingSpec
+from codesign.config.types import ClusterSpec, Job, ModelSpec, ParallelSpec, TrainingSpec
 
 deep = ModelSpec(16, 16, 4, 8, (("ATTENTION", "LINEAR"),) * 8)
 def job(schedule, remat):
@@ -235,7 +235,7 @@ def test_a_dp_stage_makes_broadcasts_again_instead_of_holding_them_whole_on_each
         from jax.sharding import Mesh
         from codesign.engine import pipeline
         from codesign.planner.plan import MESH_AXES, make_plan
-        from codesign.spec.types import ClusterSpec, Job, ModelSpec, ParallelSpec, TrainingSpec
+        from codesign.config.types import ClusterSpec, Job, ModelSpec, ParallelSpec, TrainingSpec
         model = ModelSpec(64, 16, 4, 2, (("ATTENTION", "LINEAR", "ATTENTION", "DOT"),) * 2)
         job = Job(model, ClusterSpec(1, 4, "NVLink", "cpu"), TrainingSpec(64, 3),
                   ParallelSpec("p", (1,), pp_dp_op=(2, 2, 1), num_auto_layers=2), 1, "cpu")

@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from codesign.outcome import Outcome
-from codesign.spec.types import ClusterSpec, Job, ModelSpec, ParallelSpec, TrainingSpec
+from codesign.config.types import ClusterSpec, Job, ModelSpec, ParallelSpec, TrainingSpec
 from codesign.store.database import Store
 from codesign.store.export import export_csv
 from codesign.store.schema import MIGRATIONS
@@ -195,7 +195,7 @@ def test_reprice_prices_an_attempt_by_the_measured_profile_of_the_device_it_ran_
     import dataclasses
 
     from codesign.planner.cost import predict
-    from codesign.planner.profiles import BUILTIN, ProfileBook, profile_id
+    from codesign.planner.device_profiles import BUILTIN, ProfileBook, profile_id
 
     h100 = BUILTIN["H100"]
     slower = tuple((p, tuple((k, dataclasses.replace(r, forward=r.forward / 3, backward=r.backward / 3)) for k, r in t))

@@ -21,9 +21,9 @@ from codesign.run.discovery import ray_hosts  # noqa: E402
 from codesign.run.local import LocalExecutor  # noqa: E402
 from codesign.run.ray_cluster import RayExecutor  # noqa: E402
 from codesign.run.sweep import run_sweep  # noqa: E402
-from codesign.spec.hosts import resolve_platform  # noqa: E402
-from codesign.spec.jobs import PlannedJob  # noqa: E402
-from codesign.spec.types import ClusterSpec, Job, ModelSpec, ParallelSpec, TrainingSpec  # noqa: E402
+from codesign.config.hosts import resolve_platform  # noqa: E402
+from codesign.config.jobs import PlannedJob  # noqa: E402
+from codesign.config.types import ClusterSpec, Job, ModelSpec, ParallelSpec, TrainingSpec  # noqa: E402
 from codesign.store.database import Store  # noqa: E402
 from tests.conftest import REPO, SMALL_CONFIG, run_cli  # noqa: E402
 from tests.fault_trials import fault_job  # noqa: E402

@@ -5,7 +5,7 @@ import pytest
 
 from bench import reference_step
 from codesign.engine import programs
-from codesign.spec.types import ModelSpec
+from codesign.config.types import ModelSpec
 from codesign.zhen import counts, network
 
 SPEC = ModelSpec(12, 6, 3, 3, (("DOT", "CONVOLUTION"), ("ATTENTION", "DOT"), ("LINEAR", "ATTENTION", "LINEAR")))

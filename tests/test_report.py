@@ -120,7 +120,7 @@ def test_report_writes_every_figure_inlined_and_nothing_external(report):
     assert list(page.sections) == SECTIONS
     assert "<script" not in html and "<link" not in html and "url(" not in html and "@import" not in html
     # every section with data has content, none says it is empty
-    with_data = [s for s in SECTIONS if s != "codesign"]  # its data is a ranking's CSV (tests/test_codesign.py)
+    with_data = [s for s in SECTIONS if s != "codesign"]  # its data is a ranking's CSV (tests/test_ranking.py)
     assert {s: page.sections[s]["empty"] for s in with_data} == {s: "" for s in with_data}
 
 

@@ -10,7 +10,7 @@ import pytest
 from codesign.engine import job as job_body
 from codesign.engine import programs
 from codesign.planner.plan import make_plan
-from codesign.spec.types import ClusterSpec, Job, ModelSpec, ParallelSpec, TrainingSpec
+from codesign.config.types import ClusterSpec, Job, ModelSpec, ParallelSpec, TrainingSpec
 from tests.conftest import run_on_devices
 
 
@@ -45,7 +45,7 @@ def test_too_big_a_pipeline_is_oom_before_anything_is_allocated():
         import jax
         from codesign.engine import job as job_body, programs
         from tests.test_runtime import JOB, SmallDevice
-        from codesign.spec.types import ClusterSpec, ParallelSpec
+        from codesign.config.types import ClusterSpec, ParallelSpec
         allocated = []
         programs.init_state = lambda *a, **k: allocated.append(a)
         jax.local_devices = lambda: [SmallDevice(1 << 20)]
@@ -102,7 +102,7 @@ def test_replicated_parameters_and_adams_state_are_flat_vectors_with_the_same_st
     WHOLE_LEAF lowered to it), not one per leaf each; losses, gradients and updated parameters
     are those of the per-leaf step."""
     from codesign.engine import step as single_stage
-    from codesign.engine.profile import FLAT_STEP_ARRAYS
+    from codesign.engine.probe import FLAT_STEP_ARRAYS
     from tests.reference import assert_matches, differences, live_leaves, two_steps
 
     monkeypatch.setattr(single_stage, "WHOLE_LEAF", whole_leaf)

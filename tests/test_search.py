@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 from codesign.errors import ConfigError
-from codesign.spec.config import load_config
-from codesign.spec.types import MIXERS, ModelSpec
+from codesign.config.loader import load_config
+from codesign.config.types import MIXERS, ModelSpec
 from codesign.zhen import counts, search
 from tests.reference import built_param_count
 

@@ -9,10 +9,10 @@ import pytest
 
 from codesign.errors import StoreError
 from codesign.outcome import Outcome
-from codesign.spec.config import load_config
-from codesign.spec.hosts import Hosts
-from codesign.spec.jobs import enumerate_jobs
-from codesign.spec.types import ClusterSpec, Job, ModelSpec, ParallelSpec, TrainingSpec
+from codesign.config.loader import load_config
+from codesign.config.hosts import Hosts
+from codesign.config.jobs import enumerate_jobs
+from codesign.config.types import ClusterSpec, Job, ModelSpec, ParallelSpec, TrainingSpec
 from codesign.store import schema
 from codesign.store.database import STALE_AFTER, Store
 from codesign.store.schema import LEGACY_COLUMNS, SCHEMA_VERSION

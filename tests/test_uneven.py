@@ -14,8 +14,8 @@ from codesign.planner.columns import plan_columns
 from codesign.planner.plan import Plan, make_plan, plan_from_stages
 from codesign.run.local import LocalExecutor
 from codesign.run.sweep import Attempt, Sweep
-from codesign.spec.jobs import PlannedJob
-from codesign.spec.types import ClusterSpec, Job, ModelSpec, ParallelSpec, TrainingSpec
+from codesign.config.jobs import PlannedJob
+from codesign.config.types import ClusterSpec, Job, ModelSpec, ParallelSpec, TrainingSpec
 from codesign.store.database import Store
 from tests.conftest import FAST_XLA, run_on_devices
 from tests.reference import assert_matches
@@ -35,7 +35,7 @@ CASES = {  # name: (groups per stage, devices per stage, (dp, op) per stage, opt
 SCRIPT = """
 import json, sys
 from codesign.planner.plan import plan_from_stages
-from codesign.spec.types import ClusterSpec, Job, ParallelSpec, TrainingSpec
+from codesign.config.types import ClusterSpec, Job, ParallelSpec, TrainingSpec
 from tests.reference import differences, live_leaves, two_steps
 from tests.test_uneven import CASES, JOB, MODEL
 

@@ -9,7 +9,7 @@ import pytest
 from codesign.engine import programs
 from codesign.engine.job import build_training
 from codesign.planner.plan import make_plan
-from codesign.spec.types import (
+from codesign.config.types import (
     MIXERS,
     ClusterSpec,
     Job,

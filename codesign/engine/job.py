@@ -33,7 +33,7 @@ from codesign.errors import PlanError
 from codesign.outcome import FAILED, INVALID, OOM, SUCCEEDED, Outcome, write_outcome
 from codesign.planner.columns import plan_columns
 from codesign.planner.plan import Plan, check_plan, make_plan
-from codesign.spec.types import Job
+from codesign.config.types import Job
 
 log = logging.getLogger(__name__)
 # Steps of each auto_trials candidate; the first (compilation's warm-up) is not timed: the median

@@ -35,7 +35,7 @@ from jax.sharding import PartitionSpec as P
 from codesign.engine import programs
 from codesign.planner.plan import Plan, StagePlan
 from codesign.planner.schedule import FORWARD, dispatch_order, max_in_flight
-from codesign.spec.types import Job
+from codesign.config.types import Job
 
 log = logging.getLogger(__name__)
 

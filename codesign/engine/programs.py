@@ -24,7 +24,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from codesign.planner.plan import MESH_AXES, Plan, StagePlan
-from codesign.spec.types import Job, ModelSpec
+from codesign.config.types import Job, ModelSpec
 from codesign.zhen import counts, network
 
 DTYPES = {"fp32": jnp.float32, "bf16": jnp.bfloat16}

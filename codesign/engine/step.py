@@ -21,7 +21,7 @@ from jax.sharding import PartitionSpec as P
 
 from codesign.engine import programs
 from codesign.planner.plan import Plan
-from codesign.spec.types import Job
+from codesign.config.types import Job
 
 # Replicated parameters and Adam's state as flat vectors (FlatView), per platform: where it
 # measured faster. On an H200 (bench/gpu_check.sh, seed model, bf16, batch 1024) the step took

@@ -38,11 +38,11 @@ from codesign.planner.plan import (
     plan_from_stages,
     tile_devices,
 )
-from codesign.planner.profiles import ProfileBook
+from codesign.planner.device_profiles import ProfileBook
 from codesign.planner.schedule import max_in_flight
 from codesign.planner.space import host_tiles
-from codesign.spec.config import LinkSpec
-from codesign.spec.types import SCHEDULES, Job
+from codesign.config.loader import LinkSpec
+from codesign.config.types import SCHEDULES, Job
 from codesign.zhen import counts
 
 EXHAUSTIVE_LIMIT = 3000  # plans: price every one below this, else let the dynamic program propose

@@ -1,7 +1,7 @@
 """The profile's calibration: factors that fit a probed profile to real training steps.
 
 Kernels probed one by one are not a compiled step (fused, scheduled together, laid out for it),
-so `codesign profile` (engine/profile.py) times real steps of small probe models and scales five
+so `codesign profile` (engine/probe.py) times real steps of small probe models and scales five
 components of the probed profile to fit them. The jobs and the fit are pure (numpy, scipy and
 the cost model), so they are tested without JAX; the timing stays in the engine.
 """
@@ -15,8 +15,8 @@ from scipy.optimize import least_squares, nnls
 
 from codesign.planner.cost import Workload, estimate
 from codesign.planner.plan import make_plan
-from codesign.planner.profiles import DeviceProfile, Rate
-from codesign.spec.types import MIXERS, ClusterSpec, Job, ModelSpec, ParallelSpec, TrainingSpec
+from codesign.planner.device_profiles import DeviceProfile, Rate
+from codesign.config.types import MIXERS, ClusterSpec, Job, ModelSpec, ParallelSpec, TrainingSpec
 
 # Widths of the probe models' layers (F_in, O, D) and the probe steps' samples per device, on CPU
 # (a GPU profile times its mixers inside compiled loops, device time alone: nothing to calibrate).

@@ -17,7 +17,7 @@ from typing import Iterable, Sequence
 
 from codesign.errors import PlanError
 from codesign.planner.plan import Plan, StagePlan, make_plan
-from codesign.planner.profiles import (
+from codesign.planner.device_profiles import (
     ENCODER_PAIR,
     LAYER,
     DeviceProfile,
@@ -28,8 +28,8 @@ from codesign.planner.profiles import (
     interpolated,
 )
 from codesign.planner.schedule import BACKWARD, FORWARD, dispatch_order, max_in_flight
-from codesign.spec.config import LinkSpec
-from codesign.spec.types import ClusterSpec, Job, ModelSpec
+from codesign.config.loader import LinkSpec
+from codesign.config.types import ClusterSpec, Job, ModelSpec
 from codesign.zhen import counts
 
 # Recorded on every attempt beside its prediction: bump it with every change to what the model predicts.

@@ -15,7 +15,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from codesign.errors import PlanError
-from codesign.spec.types import SCHEDULES, Job, ModelSpec
+from codesign.config.types import SCHEDULES, Job, ModelSpec
 from codesign.zhen import counts
 
 MESH_AXES = ("dp", "op")

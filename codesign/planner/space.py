@@ -17,7 +17,7 @@ from typing import Iterator
 from codesign.errors import PlanError
 from codesign.planner.cost import Estimate, Workload, estimate
 from codesign.planner.plan import Plan, make_plan
-from codesign.spec.types import SCHEDULES, ClusterSpec, Job, ParallelSpec
+from codesign.config.types import SCHEDULES, ClusterSpec, Job, ParallelSpec
 
 
 @dataclass(frozen=True)

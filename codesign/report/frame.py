@@ -23,7 +23,7 @@ from codesign.outcome import (
     SUCCEEDED,
     TIMEOUT,
 )
-from codesign.spec.types import AUTO_SEARCH, ClusterSpec, ModelSpec
+from codesign.config.types import AUTO_SEARCH, ClusterSpec, ModelSpec
 
 SIM_PLATFORM = "sim"
 FAILURES = (FAILED, TIMEOUT, OOM, INVALID, INTERRUPTED)

@@ -149,8 +149,8 @@ def codesign_frontier(ranking: pd.DataFrame) -> pd.DataFrame:
 
 def codesign_agreement(ranking: pd.DataFrame) -> pd.DataFrame:
     """Per cluster and micro-batch count where `--run-top` measured candidates: how the prediction
-    ranked them (codesign.planner.codesign.agreement)."""
-    from codesign.planner.codesign import agreement
+    ranked them (codesign.planner.ranking.agreement)."""
+    from codesign.planner.ranking import agreement
 
     ran = ranking[ranking["measured_samples_per_s"].notna()]
     rows = [{"cluster": cluster, "micro_batches": micro,

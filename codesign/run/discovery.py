@@ -13,7 +13,7 @@ import sys
 
 import psutil
 
-from codesign.spec.hosts import Hosts
+from codesign.config.hosts import Hosts
 
 log = logging.getLogger(__name__)
 _PROBE = "import jax; d = jax.devices('gpu'); print(len(d)); print(d[0].device_kind if d else '')"

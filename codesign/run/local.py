@@ -27,8 +27,8 @@ import psutil
 
 from codesign.outcome import FAILED, INTERRUPTED, TIMEOUT, Outcome, read_outcome
 from codesign.planner.plan import Plan
-from codesign.spec.hosts import device_env
-from codesign.spec.types import Job
+from codesign.run.device_env import device_env
+from codesign.config.types import Job
 
 log = logging.getLogger(__name__)
 POLL_EVERY = 0.05  # seconds between looks at running children

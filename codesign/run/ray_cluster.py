@@ -32,7 +32,7 @@ from codesign.errors import UserError
 from codesign.outcome import FAILED, INTERRUPTED, SUCCEEDED, TIMEOUT, Outcome
 from codesign.planner.plan import Plan
 from codesign.run.local import JobProcess, job_env
-from codesign.spec.types import Job
+from codesign.config.types import Job
 
 log = logging.getLogger(__name__)
 STOP_GRACE = 10.0  # seconds the actors get to kill their job bodies before they are killed

@@ -31,12 +31,12 @@ from codesign.planner.auto import Candidate, NoPlanFits, choose_plan
 from codesign.planner.columns import plan_columns
 from codesign.planner.cost import predict, recorded
 from codesign.planner.plan import Plan, make_plan
-from codesign.planner.profiles import DeviceProfile, ProfileBook, profile_id
-from codesign.run.profiling import Profiles
+from codesign.planner.device_profiles import DeviceProfile, ProfileBook, profile_id
+from codesign.run.profile_cache import Profiles
 from codesign.run.reprice import prediction, stale, with_provenance
-from codesign.spec.config import LinkSpec
-from codesign.spec.jobs import PlannedJob, job_timeout
-from codesign.spec.types import Job
+from codesign.config.loader import LinkSpec
+from codesign.config.jobs import PlannedJob, job_timeout
+from codesign.config.types import Job
 from codesign.store.database import Store
 
 log = logging.getLogger(__name__)

@@ -37,7 +37,7 @@ from codesign.outcome import (
     RUNNING,
     Outcome,
 )
-from codesign.spec.types import Job
+from codesign.config.types import Job
 from codesign.store.schema import MIGRATIONS, SCHEMA_VERSION
 
 BUSY_TIMEOUT = 60.0  # seconds a write waits for another process's lock before it fails

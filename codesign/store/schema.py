@@ -11,8 +11,8 @@ import re
 import sqlite3
 from typing import Callable
 
-from codesign.spec.jobs import job_key
-from codesign.spec.types import Job
+from codesign.config.jobs import job_key
+from codesign.config.types import Job
 
 Migration = Callable[[sqlite3.Connection], None]
 

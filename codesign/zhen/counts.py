@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Sequence
 
-from codesign.spec.types import ModelSpec
+from codesign.config.types import ModelSpec
 
 DOT_HIDDEN = 512
 FFN_HIDDEN = 2048

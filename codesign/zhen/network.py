@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from codesign.spec.types import ModelSpec
+from codesign.config.types import ModelSpec
 from codesign.zhen import counts
 from codesign.zhen.counts import CONV_KERNEL, DOT_HIDDEN, FFN_HIDDEN, layer_widths
 

@@ -29,7 +29,7 @@ import numpy as np
 from tqdm import tqdm
 
 from codesign.errors import ConfigError
-from codesign.spec.types import MIXERS, ModelSpec
+from codesign.config.types import MIXERS, ModelSpec
 from codesign.zhen import counts
 
 DEFAULT_KINDS = "DOT,LINEAR,ATTENTION"

@@ -5,7 +5,7 @@ kind, host (CPU model and core count; for GPUs their count) and library versions
 by every DB and by `codesign plan`. Nothing waits on a profile it does not need: manual jobs are
 priced by the best profile at hand, and only an Auto search job whose devices have no measured
 profile has one measured, once, right before it starts (`Profiles.measured_for`). Measuring runs
-`python -m codesign.engine.profile` under the job guard (no process outlives the orchestrator),
+`python -m codesign.engine.probe` under the job guard (no process outlives the orchestrator),
 with a timeout; a failure says so in one line and the built-in profile prices instead.
 CODESIGN_PROFILE=builtin never measures and ignores cached profiles (the tests set it).
 """
@@ -26,13 +26,14 @@ from typing import Callable
 
 import platformdirs
 
-from codesign.planner.profiles import DeviceProfile, ProfileBook, builtin_kind, library_versions
-from codesign.spec.hosts import Hosts, device_env
+from codesign.planner.device_profiles import DeviceProfile, ProfileBook, builtin_kind, library_versions
+from codesign.config.hosts import Hosts
+from codesign.run.device_env import device_env
 from codesign.store.database import Store
 
 log = logging.getLogger(__name__)
 CPU_PROFILE_DEVICES = 8
-PROFILE_MODULE = "codesign.engine.profile"  # `python -m MODULE OUT.json` measures (tests swap in a fake)
+PROFILE_MODULE = "codesign.engine.probe"  # `python -m MODULE OUT.json` measures (tests swap in a fake)
 PROFILE_TIMEOUT = float(os.environ.get("CODESIGN_PROFILE_TIMEOUT", 300))  # seconds; 60 s expected
 POLL_EVERY = 0.1
 

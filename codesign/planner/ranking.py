@@ -53,10 +53,10 @@ from codesign.planner.cost import (
     stage_update,
 )
 from codesign.planner.plan import MESH_AXES, Plan, layer_groups
-from codesign.planner.profiles import LAYER, DeviceProfile, ProfileBook, cluster_links
-from codesign.spec.config import Config, LinkSpec
-from codesign.spec.jobs import matches
-from codesign.spec.types import (
+from codesign.planner.device_profiles import LAYER, DeviceProfile, ProfileBook, cluster_links
+from codesign.config.loader import Config, LinkSpec
+from codesign.config.jobs import matches
+from codesign.config.types import (
     AUTO_SEARCH,
     ClusterSpec,
     Job,

@@ -16,12 +16,12 @@ from typing import Iterable, Iterator, TextIO
 from codesign.errors import PlanError
 from codesign.planner.auto import choose_plan
 from codesign.planner.cost import Workload
-from codesign.planner.profiles import ProfileBook
+from codesign.planner.device_profiles import ProfileBook
 from codesign.planner.space import Priced, plan_space, price, rank_key, same_plan
-from codesign.spec.config import Config
-from codesign.spec.hosts import Hosts, platform_for
-from codesign.spec.jobs import matches
-from codesign.spec.types import Job, ParallelSpec
+from codesign.config.loader import Config
+from codesign.config.hosts import Hosts, platform_for
+from codesign.config.jobs import matches
+from codesign.config.types import Job, ParallelSpec
 
 log = logging.getLogger(__name__)
 

@@ -5,20 +5,8 @@ platform runs a cluster there. Pure: probing this machine or a Ray cluster is ru
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping
 
-from codesign.spec.types import ClusterSpec
-
-DEVICE_COUNT_FLAG = "--xla_force_host_platform_device_count"
-
-
-def device_env(env: Mapping[str, str], platform: str, cpu_devices: int = 1) -> dict[str, str]:
-    """A child JAX process's environment: its platform and, on CPU, how many virtual devices it
-    sees (read once, when JAX starts in the child)."""
-    flags = [f for f in env.get("XLA_FLAGS", "").split() if not f.startswith(DEVICE_COUNT_FLAG)]
-    if platform == "cpu":
-        flags.append(f"{DEVICE_COUNT_FLAG}={cpu_devices}")
-    return {**env, "JAX_PLATFORMS": "cpu" if platform == "cpu" else "cuda", "XLA_FLAGS": " ".join(flags)}
+from codesign.config.types import ClusterSpec
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from codesign.errors import ConfigError
-from codesign.spec.types import (
+from codesign.config.types import (
     AUTO_SEARCH,
     MIXERS,
     PLATFORMS,

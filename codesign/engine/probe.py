@@ -1,6 +1,6 @@
 """`codesign profile`'s measurement: the devices at hand, as the cost model needs them.
 
-Runs in its own process (`python -m codesign.engine.profile OUT.json`), the platform and the
+Runs in its own process (`python -m codesign.engine.probe OUT.json`), the platform and the
 virtual device count set in the environment before JAX starts. Each section's result is kept in
 OUT.json.parts as it comes, and a run that finds that file reuses what it holds (a profile cut
 off by its timeout resumes where it stopped).
@@ -64,7 +64,7 @@ from codesign.planner.calibration import (
 )
 from codesign.planner.cost import ADAM_TRAFFIC
 from codesign.planner.plan import make_plan
-from codesign.planner.profiles import (
+from codesign.planner.device_profiles import (
     ENCODER_PAIR,
     GPU_ACTIVATION_SHARE,
     LAYER,
@@ -74,8 +74,8 @@ from codesign.planner.profiles import (
     Rate,
     library_versions,
 )
-from codesign.spec.hosts import device_env
-from codesign.spec.types import MIXERS, ClusterSpec, Job, ModelSpec, ParallelSpec, TrainingSpec
+from codesign.run.device_env import device_env
+from codesign.config.types import MIXERS, ClusterSpec, Job, ModelSpec, ParallelSpec, TrainingSpec
 from codesign.zhen import counts, network
 
 log = logging.getLogger("codesign.profile")
@@ -811,7 +811,7 @@ class ChildProbes:
     sweep's job on them does), timed a round at a time when asked; between rounds it waits."""
 
     def __init__(self, devices: int, repeats: int):
-        self.proc = subprocess.Popen([sys.executable, "-m", "codesign.engine.profile", "--steps", str(repeats)],
+        self.proc = subprocess.Popen([sys.executable, "-m", "codesign.engine.probe", "--steps", str(repeats)],
                                      env=device_env(os.environ, "cpu", devices), stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, text=True)
         self.devices = devices

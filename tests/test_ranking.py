@@ -13,11 +13,11 @@ import pytest
 from scipy.stats import spearmanr
 
 from codesign.cli import build_search_parser, main
-from codesign.planner import codesign
+from codesign.planner import ranking
 from codesign.planner.auto import choose_plan
-from codesign.planner.profiles import BUILTIN, ProfileBook
-from codesign.spec.config import load_config
-from codesign.spec.types import AUTO_SEARCH, ClusterSpec, ParallelSpec, TrainingSpec
+from codesign.planner.device_profiles import BUILTIN, ProfileBook
+from codesign.config.loader import load_config
+from codesign.config.types import AUTO_SEARCH, ClusterSpec, ParallelSpec, TrainingSpec
 from codesign.store.database import Store
 from codesign.zhen import search
 from tests.test_report import Page
@@ -74,20 +74,20 @@ def query(*flags: str) -> search.Search:
 def test_the_fast_pass_is_auto_searchs_answer_for_one_layer_group(cluster, cores, micro):
     training, book = TrainingSpec(32, 5), ProfileBook()
     book.add(dataclasses.replace(BUILTIN["cpu"], cores=cores))  # cores: op groups' fixed costs overlap
-    found = codesign.candidates(query("--slots", "4", "--max-layers", "2"))
-    target = codesign.Target(cluster, "sim", ParallelSpec(AUTO_SEARCH, (micro,)), micro)
-    ranking = codesign.rank_target(target, training, book, (), found, top=3)
+    found = ranking.candidates(query("--slots", "4", "--max-layers", "2"))
+    target = ranking.Target(cluster, "sim", ParallelSpec(AUTO_SEARCH, (micro,)), micro)
+    ranked = ranking.rank_target(target, training, book, (), found, top=3)
     for c in range(len(found)):
         best = choose_plan(target.job(found.model(c), training), book).best()
-        assert ranking.seconds[c] == pytest.approx(best.estimate.seconds, rel=1e-9)
-        assert abs(ranking.memory[c] - best.estimate.peak_bytes) <= 1
-        assert ranking.bound[c] <= best.estimate.seconds * (1 + 1e-9)
+        assert ranked.seconds[c] == pytest.approx(best.estimate.seconds, rel=1e-9)
+        assert abs(ranked.memory[c] - best.estimate.peak_bytes) <= 1
+        assert ranked.bound[c] <= best.estimate.seconds * (1 + 1e-9)
 
 
 def test_pruning_keeps_the_unpruned_winners(tmp_path):
     config = load_config(config_file(tmp_path, batch=1024, device="cpu", groups=2))
-    _, pruned = codesign.rank(query(), config, ProfileBook(), lambda c: "sim", top=3)
-    _, full = codesign.rank(query(), config, ProfileBook(), lambda c: "sim", top=3, prune=False)
+    _, pruned = ranking.rank(query(), config, ProfileBook(), lambda c: "sim", top=3)
+    _, full = ranking.rank(query(), config, ProfileBook(), lambda c: "sim", top=3, prune=False)
     (pruned,), (full,) = pruned, full
     assert pruned.searched.sum() < full.searched.sum()
     assert list(pruned.top(3)) == list(full.top(3))
@@ -106,7 +106,7 @@ def test_the_toml_loads_as_a_config_and_the_csv_holds_every_candidate(tmp_path):
     table = pd.read_csv(tmp_path / "rank.csv")
     best = table.sort_values("rank").head(4)
     assert [m.summary() for m in models] == list(best["model"])
-    assert len(table) == len(codesign.candidates(query())) and "rank.csv" in stderr
+    assert len(table) == len(ranking.candidates(query())) and "rank.csv" in stderr
     assert "# rank 1: " in stdout and f"plan: {best['plan'].iloc[0]}" in stdout
     again = cli("search", "--rank", "-c", str(path), "-d", str(tmp_path / "none.db"),
                 "--csv", str(tmp_path / "again.csv"), "--top", "4", *SMALL)
@@ -129,7 +129,7 @@ def test_a_candidate_that_fits_nothing_says_why(tmp_path):
 def test_pareto_marks_what_nothing_beats_on_both():
     params = np.array([10, 20, 20, 30, 5, 30.0])
     speed = np.array([5, 4, 6, 1, 9, np.nan])
-    assert codesign.pareto(params, speed).tolist() == [False, False, True, True, True, False]
+    assert ranking.pareto(params, speed).tolist() == [False, False, True, True, True, False]
 
 
 def test_the_report_section_is_the_csvs(tmp_path):

@@ -15,9 +15,9 @@ import pytest
 
 from codesign import __version__
 from codesign.planner.cost import COST_MODEL_VERSION
-from codesign.planner.profiles import BUILTIN, profile_id
-from codesign.run.profiling import Machine, ProfileCache, profiles_for, this_machine
-from codesign.spec.hosts import Hosts
+from codesign.planner.device_profiles import BUILTIN, profile_id
+from codesign.run.profile_cache import Machine, ProfileCache, profiles_for, this_machine
+from codesign.config.hosts import Hosts
 from tests.conftest import REPO, db_rows
 from tests.fault_trials import FAKE_CONFIG
 

@@ -5,7 +5,7 @@ plus a fixed cost per call), how fast it moves memory, what a program dispatch c
 much aggregate speed n busy devices have (virtual CPU devices share this machine's cores) and,
 for CPU devices, the link between local devices. GPU links come from the cluster's transport:
 NVLink inside a host, EFAx4 or TCPx4 between hosts, defaults a config's [links.NAME] overrides.
-Pure Python: `codesign profile` (engine/profile.py) measures, the store keeps them.
+Pure Python: `codesign profile` (engine/probe.py) measures, the store keeps them.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from typing import Any, Iterable, Mapping
 
 import numpy as np
 
-from codesign.spec.config import LinkSpec
-from codesign.spec.types import MIXERS, ClusterSpec, Job
+from codesign.config.loader import LinkSpec
+from codesign.config.types import MIXERS, ClusterSpec, Job
 
 log = logging.getLogger(__name__)
 

@@ -9,9 +9,9 @@ import json
 from dataclasses import dataclass
 from typing import Any, Iterator
 
-from codesign.spec.config import Config
-from codesign.spec.hosts import Hosts, resolve_platform
-from codesign.spec.types import ClusterSpec, Job, ParallelSpec
+from codesign.config.loader import Config
+from codesign.config.hosts import Hosts, resolve_platform
+from codesign.config.types import ClusterSpec, Job, ParallelSpec
 
 KEY_VERSION = 2  # 2: optional fields at their defaults left out (schema v3 re-keys older DBs)
 
