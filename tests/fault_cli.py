@@ -8,11 +8,12 @@ job body and the profiler are fake ones, so fault trials cost a fraction of a se
 import sys
 
 from codesign import cli
+from codesign.cli.session import Session
 from codesign.run import profile_cache
 from codesign.run.local import LocalExecutor
 
 if __name__ == "__main__":
-    cli._executor = lambda db, address, hosts, args: LocalExecutor(
-        job_module="tests.fault_jobs", cpu_slots=args.max_concurrent or 1, stream=args.verbose)
+    Session.executor = lambda self, options: LocalExecutor(
+        job_module="tests.fault_jobs", cpu_slots=options.max_concurrent or 1, stream=options.verbose)
     profile_cache.PROFILE_MODULE = "tests.fault_profile"
     sys.exit(cli.main())

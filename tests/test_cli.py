@@ -48,6 +48,11 @@ def test_config_errors_exit_2_and_change_nothing(tmp_path, text, message):
     assert proc.stdout == "" and not (tmp_path / "r.db").exists()
 
 
+AUTO_SPEC = """
+[[parallel_spec]]
+description = "Auto search"
+num_micro_batches = [1]
+"""
 RUN_HERE = (0, 9)  # of the default config's 14 jobs: one device, and 4 devices with 2 micro-batches
 
 
@@ -275,12 +280,12 @@ def test_plan_and_the_sweep_price_every_job_of_the_default_config_alike(default_
 
 
 def test_jobs_compile_into_jaxs_own_cache_dir_where_the_user_set_one(tmp_path, monkeypatch):
-    from codesign.cli import _jax_cache
+    from codesign.cli.session import jax_cache
 
     monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR", raising=False)
-    assert _jax_cache(str(tmp_path / "r.db")) == str(tmp_path / "jax_cache")
+    assert jax_cache(str(tmp_path / "r.db")) == str(tmp_path / "jax_cache")
     monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", str(tmp_path / "shared"))
-    assert _jax_cache(str(tmp_path / "r.db")) == str(tmp_path / "shared")
+    assert jax_cache(str(tmp_path / "r.db")) == str(tmp_path / "shared")
 
 
 def test_help_lists_the_commands_each_with_its_own_help_and_the_version(tmp_path):
@@ -297,6 +302,26 @@ def test_help_lists_the_commands_each_with_its_own_help_and_the_version(tmp_path
     assert codesign.__version__ != "0.1.0"
     missing = run_cli("-v", "report", "-d", "missing.db", cwd=tmp_path)  # a global flag before the command
     assert missing.returncode == 2 and "missing.db" in missing.stderr and "usage:" not in missing.stderr
+
+
+def test_run_top_runs_the_winners_as_a_sweep_and_records_them(tmp_path):
+    """search --rank --run-top: the N best of each cluster run as codesign run's sweep would
+    (its defaults: nothing retried, here, one job at a time), recorded in the DB and the CSV."""
+    small = ["--base-features", "32", "--base-emb-dim", "16", "--base-output-per-emb", "4", "--slots", "3",
+             "--max-layers", "3", "--param-tolerance", "1"]
+    (tmp_path / "c.toml").write_text(SMALL_CONFIG.split("[[parallel_spec]]")[0] + AUTO_SPEC)
+    env = {**os.environ, "PYTHONPATH": str(REPO), "CODESIGN_PROFILE": "builtin"}
+    proc = subprocess.run([sys.executable, "-m", "tests.fault_cli", "search", "--rank", "-c", "c.toml", "-d", "r.db",
+                           "--run-top", "1", *small], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                          env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert "codesign: attempted: 1 succeeded; skipped (already recorded or running elsewhere): 0" in proc.stderr
+    assert "codesign: 1x2 NVLink (cpu), 1 micro-batches, groups=1: " in proc.stderr
+    ran = db_rows(tmp_path / "r.db")
+    assert [(r["status"], r["description"], r["gpus_per_node"]) for r in ran] == [("succeeded", "Auto search", 2)]
+    ranked = pd.read_csv(tmp_path / "codesign_rank.csv")
+    winners = ranked[ranked["job_key"].notna()].sort_values("rank")
+    assert list(winners["rank"]) == [1] and list(winners["job_key"]) == [r["job_key"] for r in ran]
 
 
 def test_the_version_is_read_from_the_checkout_where_codesign_is_not_installed(monkeypatch):

@@ -21,7 +21,7 @@ from codesign.store.database import Store
 from tests.conftest import REPO, run_cli
 
 DATA = REPO / "tests" / "data"
-PURE_PACKAGES = ("config", "planner", "run", "store", "report")
+PURE_PACKAGES = ("cli", "config", "planner", "run", "store", "report")
 PURE_MODULES = ("codesign.zhen.counts", "codesign.zhen.search", "codesign.cli", "codesign.outcome")
 
 # Keys of the four jobs of tests/data/results_v0.1.0.toml, pinned: a change to the canonical form

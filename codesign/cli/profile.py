@@ -1,0 +1,43 @@
+"""`codesign profile`: measure this machine's devices for the cost model, keep the profile in the
+user's cache (shared by every DB and by `codesign plan`), and print it as JSON."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from codesign.cli.common import command_parser, positive_seconds, setup_logging
+from codesign.cli.session import jax_cache_in
+from codesign.errors import UserError
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = command_parser("codesign profile", "Measure this machine's devices for the cost model, keep the "
+                            "profile in the user's cache (shared by every DB and by `codesign plan`), and print "
+                            "it as JSON.")
+    parser.add_argument("--platform", choices=("cpu", "gpu"), help="Which devices to profile (default: the "
+                                                                   "GPUs where JAX sees some, else the CPU).")
+    parser.add_argument("--timeout", type=positive_seconds, default=600, help="Seconds before giving up.")
+    return parser
+
+
+def main(argv: list[str]) -> int:
+    from codesign.run import discovery
+    from codesign.run.profile_cache import ProfileCache, measure, this_machine
+
+    args = build_parser().parse_args(argv)
+    setup_logging(args.verbose)
+    hosts = discovery.local_hosts(args.platform != "cpu")
+    platform = args.platform or ("gpu" if hosts.gpus[0] else "cpu")
+    if platform == "gpu" and not hosts.gpus[0]:
+        raise UserError("--platform gpu: JAX sees no GPU on this machine")
+    cache = ProfileCache()
+    profile = measure(this_machine(platform, hosts), cache, jax_cache_in(cache.root), timeout=args.timeout)
+    if profile is None:
+        return 1
+    print(f"codesign: kept in {cache.path(this_machine(platform, hosts))}; `codesign reprice -d DB` re-prices "
+          "a DB's attempts with it", file=sys.stderr)
+    json.dump(profile.to_dict(), sys.stdout, indent=1)
+    sys.stdout.write("\n")
+    return 0

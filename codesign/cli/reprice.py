@@ -1,0 +1,43 @@
+"""`codesign reprice -d DB`: re-price the DB's recorded attempts with the profiles at hand now
+(after `codesign profile`, or a new release's cost model); measurements stay as they are."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from codesign.cli.common import command_parser, setup_logging
+from codesign.cli.session import profiles
+from codesign.config.loader import load_config
+from codesign.errors import UserError
+from codesign.store.database import Store
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = command_parser("codesign reprice", "Re-price a results DB's recorded attempts with the profiles at "
+                            "hand now (after `codesign profile`, or a new release's cost model); measurements "
+                            "stay as they are.")
+    parser.add_argument("-d", "--db", default="results.db", help="The results DB whose attempts to re-price.")
+    parser.add_argument("-c", "--config", help="The config whose [links] priced the attempts (default: none).")
+    return parser
+
+
+def main(argv: list[str]) -> int:
+    from codesign.run.discovery import local_hosts
+    from codesign.run.reprice import reprice
+
+    args = build_parser().parse_args(argv)
+    setup_logging(args.verbose)
+    if not Path(args.db).exists():
+        raise UserError(f"{args.db}: no results DB here")
+    links = load_config(args.config).links if args.config else ()
+    store = Store(args.db)
+    try:
+        rows = store.attempts()
+        hosts = local_hosts(any(row["platform"] == "gpu" for row in rows))
+        changed = reprice(store, rows, profiles(hosts, args.db, None).book, links)
+    finally:
+        store.close()
+    print(f"codesign: re-priced {changed} attempts of {args.db}", file=sys.stderr)
+    return 0
