@@ -1,7 +1,9 @@
 """The command line as users run it: dry run, the default command, reruns, exports, run.sh."""
 
+import importlib
 import io
 import os
+import shlex
 import shutil
 import stat
 import subprocess
@@ -14,6 +16,8 @@ import pandas as pd
 import pytest
 
 import codesign
+from codesign.cli import COMMANDS, main
+from codesign.cli.session import MANUAL_JOB_TIMEOUT
 from codesign.outcome import Outcome
 from codesign.report import fmt
 from codesign.config.loader import DEFAULT_CONFIG, load_config
@@ -302,6 +306,35 @@ def test_help_lists_the_commands_each_with_its_own_help_and_the_version(tmp_path
     assert codesign.__version__ != "0.1.0"
     missing = run_cli("-v", "report", "-d", "missing.db", cwd=tmp_path)  # a global flag before the command
     assert missing.returncode == 2 and "missing.db" in missing.stderr and "usage:" not in missing.stderr
+
+
+def example_lines(help_text: str) -> list[str]:
+    """The command lines of a --help's examples section."""
+    section = help_text.split("\nexamples:\n", 1)[1]
+    return [line.strip() for line in section.splitlines() if line.startswith("  codesign ")]
+
+
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+def test_each_commands_help_ends_with_examples_that_parse_and_shows_only_real_defaults(command, capsys):
+    with pytest.raises(SystemExit) as exit:
+        main([command, "--help"])
+    out = capsys.readouterr().out
+    assert exit.value.code == 0
+    assert "(default: None)" not in out and "(default: False)" not in out
+    lines = example_lines(out)
+    assert 2 <= len(lines) <= 3 and lines[0].startswith(f"codesign {command}")
+    for part in (part for line in lines for part in line.split("&&")):  # each, as the parser reads it
+        argv = shlex.split(part.split(">")[0])[1:]  # after `codesign`, less a `> FILE`
+        name = argv[0] if argv[0] in COMMANDS else "run"  # no command: the earlier toolkit's run
+        parser = importlib.import_module(f"codesign.cli.{name}").build_parser()
+        parser.parse_args(argv[1:] if argv[0] in COMMANDS else argv)
+
+
+def test_flags_with_a_real_default_still_show_it(capsys):
+    with pytest.raises(SystemExit):
+        main(["run", "--help"])
+    out = capsys.readouterr().out
+    assert f"(default: {MANUAL_JOB_TIMEOUT})" in out and "(default: results.db)" in out
 
 
 def test_run_top_runs_the_winners_as_a_sweep_and_records_them(tmp_path):

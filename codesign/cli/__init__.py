@@ -40,7 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
     """`codesign --help`: the program and its commands."""
     parser = argparse.ArgumentParser(
         prog="codesign", description="Co-design a ZHEN model with its distributed training plan. Without a "
-        "command, the arguments are `run`'s; --search-model is `search`.")
+        "command, the arguments are `run`'s; --search-model is `search`.",
+        epilog="`codesign COMMAND --help` shows a command's flags and examples.")
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="Log progress.")
     commands = parser.add_subparsers(title="commands", metavar="COMMAND")

@@ -8,12 +8,17 @@ import sys
 
 from codesign.cli.common import command_parser
 
+EXAMPLES = [
+    ("codesign export all -d results.db", "every finished attempt, to results_all.csv"),
+    ("codesign export succeeded -o ok.csv", "only the attempts that succeeded, to ok.csv"),
+]
+
 
 def build_parser() -> argparse.ArgumentParser:
     from codesign.store.export import SELECTIONS
 
     parser = command_parser("codesign export", "Write a results DB's attempts as CSV, with the DB's column "
-                            "names, for spreadsheets (no sqlite3 program needed).")
+                            "names, for spreadsheets (no sqlite3 program needed).", EXAMPLES)
     parser.add_argument("which", choices=sorted(SELECTIONS),
                         help="all: every finished attempt, with a result or an error; succeeded: those that did.")
     parser.add_argument("-d", "--db", default="results.db")

@@ -10,10 +10,15 @@ from codesign.cli.common import command_parser, config_arguments, positive_int, 
 from codesign.cli.session import session
 from codesign.config.loader import load_config
 
+EXAMPLES = [
+    ("codesign plan -c my.toml --top 3", "the 3 best plans of each job (and the config's manual ones)"),
+    ("codesign plan -c my.toml --format csv > plans.csv", "every plan, for a spreadsheet"),
+]
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = command_parser("codesign plan", "Rank every plan of each (model, cluster, micro-batches) by "
-                                             "predicted time; run nothing.")
+                                             "predicted time; run nothing.", EXAMPLES)
     config_arguments(parser, "Results DB whose measured profiles of other machines to use.")
     parser.add_argument("--top", metavar="K", type=positive_int,
                         help="Only the K best plans of each (model, cluster, micro-batches), and the manual ones.")

@@ -11,11 +11,17 @@ from codesign.cli.common import command_parser, positive_seconds, setup_logging
 from codesign.cli.session import jax_cache_in
 from codesign.errors import UserError
 
+EXAMPLES = [
+    ("codesign profile", "the GPUs where JAX sees some, else the CPU"),
+    ("codesign profile --platform cpu > cpu.json", "the CPU's profile, also kept as a file"),
+    ("codesign profile && codesign reprice -d results.db", "then re-price a DB's attempts with it"),
+]
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = command_parser("codesign profile", "Measure this machine's devices for the cost model, keep the "
                             "profile in the user's cache (shared by every DB and by `codesign plan`), and print "
-                            "it as JSON.")
+                            "it as JSON.", EXAMPLES)
     parser.add_argument("--platform", choices=("cpu", "gpu"), help="Which devices to profile (default: the "
                                                                    "GPUs where JAX sees some, else the CPU).")
     parser.add_argument("--timeout", type=positive_seconds, default=600, help="Seconds before giving up.")

@@ -8,11 +8,16 @@ import sys
 
 from codesign.cli.common import command_parser, setup_logging
 
+EXAMPLES = [
+    ("codesign report -d results.db -o report", "report/report.html, its figures and CSVs"),
+    ("codesign report --codesign codesign_rank.csv", "with the Co-design section of a `search --rank`"),
+]
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = command_parser("codesign report", "Write report.html (self-contained: opens offline), a PNG per "
                             "figure, summary.csv (the best plan per model and cluster) and plans.csv (every "
-                            "plan, ranked).")
+                            "plan, ranked).", EXAMPLES)
     parser.add_argument("-d", "--db", default="results.db", help="The sqlite3 results DB to report on.")
     parser.add_argument("-o", "--out", default="report", help="The folder to write into (created if needed).")
     parser.add_argument("--codesign", metavar="CSV", help="The CSV of `codesign search --rank` for the Co-design "

@@ -13,11 +13,16 @@ from codesign.config.loader import load_config
 from codesign.errors import UserError
 from codesign.store.database import Store
 
+EXAMPLES = [
+    ("codesign reprice -d results.db", "after `codesign profile`, or after upgrading codesign"),
+    ("codesign reprice -d results.db -c my.toml", "with the [links] of the config that priced the attempts"),
+]
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = command_parser("codesign reprice", "Re-price a results DB's recorded attempts with the profiles at "
                             "hand now (after `codesign profile`, or a new release's cost model); measurements "
-                            "stay as they are.")
+                            "stay as they are.", EXAMPLES)
     parser.add_argument("-d", "--db", default="results.db", help="The results DB whose attempts to re-price.")
     parser.add_argument("-c", "--config", help="The config whose [links] priced the attempts (default: none).")
     return parser

@@ -20,9 +20,16 @@ from codesign.store.database import Decision, Store
 if TYPE_CHECKING:
     from codesign.run.sweep import SweepSummary
 
+EXAMPLES = [
+    ("codesign run -c my.toml --dry-run", "the table of jobs, and which a run would skip; runs nothing"),
+    ("codesign run -c my.toml -d results.db", "run what results.db has not recorded yet"),
+    ("codesign -c my.toml --retry-failed --max-concurrent 1",
+     "the earlier toolkit's spelling; rerun the failed jobs, each alone"),
+]
+
 
 def build_parser(prog: str = "codesign run") -> argparse.ArgumentParser:
-    parser = command_parser(prog, "Run every job of a config that the results DB has not recorded yet.")
+    parser = command_parser(prog, "Run every job of a config that the results DB has not recorded yet.", EXAMPLES)
     parser.add_argument("-D", "--dry-run", action="store_true",
                         help="Do not run. Only print what settings would run (and which are skipped).")
     config_arguments(parser, "The path to the sqlite3 database file. All the results will be saved there.")

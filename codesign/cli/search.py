@@ -20,12 +20,19 @@ from codesign.store.database import Store
 if TYPE_CHECKING:
     from codesign.planner.ranking import Candidates, Ranking
 
+EXAMPLES = [
+    ("codesign search --max-similar 20 > models.toml", "20 models of about the base spec's parameter count"),
+    ("codesign search --rank -c my.toml --top 3", "the 3 best candidates per cluster of my.toml, with their plans"),
+    ("codesign search --rank -c my.toml --run-top 2 -d results.db",
+     "run the 2 best of each cluster and compare measured with predicted"),
+]
+
 
 def build_parser(prog: str = "codesign search") -> argparse.ArgumentParser:
     from codesign.zhen import search
 
     parser = command_parser(prog, "Print candidate model specs as TOML [[model]] tables (the space's size on "
-                                  "stderr).")
+                                  "stderr).", EXAMPLES)
     parser.add_argument("--search-model", action="store_true", help=argparse.SUPPRESS)  # the earlier spelling
     search.add_arguments(parser)
     g = parser.add_argument_group(
