@@ -337,6 +337,21 @@ def test_flags_with_a_real_default_still_show_it(capsys):
     assert f"(default: {MANUAL_JOB_TIMEOUT})" in out and "(default: results.db)" in out
 
 
+def test_codesign_profile_gives_up_after_the_sweeps_profile_timeout_which_the_environment_sets(tmp_path):
+    """One default for both: PROFILE_TIMEOUT, which CODESIGN_PROFILE_TIMEOUT overrides."""
+    from codesign.cli import profile
+    from codesign.run.profile_cache import PROFILE_TIMEOUT
+
+    assert profile.build_parser().parse_args([]).timeout == PROFILE_TIMEOUT
+    env = {k: v for k, v in os.environ.items() if k != "CODESIGN_PROFILE"}
+    env.update(XDG_CACHE_HOME=str(tmp_path / "cache"), PYTHONPATH=str(REPO), FAULT_PROFILE="ok",
+               CODESIGN_PROFILE_TIMEOUT="7")
+    proc = subprocess.run([sys.executable, "-m", "tests.fault_cli", "profile", "--platform", "cpu"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert "for the cost model (at most 7 s)..." in proc.stderr and '"source": "measured"' in proc.stdout
+
+
 def test_run_top_runs_the_winners_as_a_sweep_and_records_them(tmp_path):
     """search --rank --run-top: the N best of each cluster run as codesign run's sweep would
     (its defaults: nothing retried, here, one job at a time), recorded in the DB and the CSV."""

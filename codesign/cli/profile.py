@@ -19,12 +19,15 @@ EXAMPLES = [
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from codesign.run.profile_cache import PROFILE_TIMEOUT
+
     parser = command_parser("codesign profile", "Measure this machine's devices for the cost model, keep the "
                             "profile in the user's cache (shared by every DB and by `codesign plan`), and print "
                             "it as JSON.", EXAMPLES)
     parser.add_argument("--platform", choices=("cpu", "gpu"), help="Which devices to profile (default: the "
                                                                    "GPUs where JAX sees some, else the CPU).")
-    parser.add_argument("--timeout", type=positive_seconds, default=600, help="Seconds before giving up.")
+    parser.add_argument("--timeout", type=positive_seconds, default=PROFILE_TIMEOUT,
+                        help="Seconds before giving up (CODESIGN_PROFILE_TIMEOUT sets the default).")
     return parser
 
 
