@@ -438,7 +438,8 @@ def reprice_main(argv: list[str]) -> int:
 
     parser = _parser("codesign reprice", reprice_main.__doc__)
     parser.add_argument("-d", "--db", default="results.db", help="The results DB whose attempts to re-price.")
-    parser.add_argument("-c", "--config", help="The config whose [links] priced the attempts (default: none).")
+    parser.add_argument("-c", "--config", help="A config whose [links] price the attempts that recorded no links "
+                                               "(priced by an older codesign); the others keep their own.")
     args = parser.parse_args(argv)
     _logging(args.verbose)
     if not Path(args.db).exists():

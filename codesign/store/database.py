@@ -50,8 +50,10 @@ NOW = "((julianday('now') - 2440587.5) * 86400.0)"  # the DB clock, in unix seco
 RETIRED_ERRORS = ("Auto search is not supported yet",)
 # What an outcome reports beside the metric columns, kept under its name in all_configs.
 CONFIG_METRICS = ("losses", "prediction", "auto_search", "auto_trials")
-# Columns a finished attempt may fill beside the metrics: where it ran and what priced it.
-PREDICTION_COLUMNS = ("predicted_time", "predicted_memory")
+# An attempt's prediction and what priced it: the columns a re-pricing replaces.
+PRICED_BY = ("predicted_time", "predicted_memory", "profile_id", "cost_model")
+# all_configs' list of the predictions re-pricing replaced, oldest first (each with its columns)
+EARLIER_PREDICTIONS = "earlier_predictions"
 SQLITE_HEADER = b"SQLite format 3\x00"
 
 
@@ -250,11 +252,18 @@ class Store:
             return cur.rowcount == 1
 
     def reprice(self, attempt_id: int, prediction: dict[str, Any]) -> None:
-        """A finished attempt's prediction from the cost model as it is now (its measurements stay)."""
-        values = {k: _cell(prediction.get(k)) for k in (*PREDICTION_COLUMNS, "profile_id", "cost_model")}
+        """A finished attempt's prediction from the cost model as it is now (its measurements stay).
+        The prediction it replaces, where it differs, joins the attempt's EARLIER_PREDICTIONS."""
+        values = {k: _cell(prediction.get(k)) for k in PRICED_BY}
         with self._transaction() as conn:
-            row = conn.execute("SELECT all_configs FROM attempts WHERE id = ?", (attempt_id,)).fetchone()
-            configs = {**json.loads(row["all_configs"] or "{}"), "prediction": prediction.get("prediction")}
+            row = conn.execute(f"SELECT all_configs, {', '.join(PRICED_BY)} FROM attempts WHERE id = ?",
+                               (attempt_id,)).fetchone()
+            configs = json.loads(row["all_configs"] or "{}")
+            before = {**{k: row[k] for k in PRICED_BY}, "prediction": configs.get("prediction")}
+            now = json.loads(json.dumps({**values, "prediction": prediction.get("prediction")}))
+            if before != now and any(v is not None for v in before.values()):
+                configs[EARLIER_PREDICTIONS] = [*configs.get(EARLIER_PREDICTIONS, []), before]
+            configs["prediction"] = now["prediction"]
             sets = ", ".join(f"{k} = ?" for k in values)
             conn.execute(f"UPDATE attempts SET {sets}, all_configs = ? WHERE id = ?",
                          (*values.values(), json.dumps(configs), attempt_id))
