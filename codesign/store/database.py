@@ -16,6 +16,7 @@ import collections
 import contextlib
 import datetime
 import json
+import logging
 import os
 import socket
 import sqlite3
@@ -23,7 +24,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator, TypeVar
 
 import psutil
 
@@ -40,6 +41,8 @@ from codesign.outcome import (
 from codesign.config.types import Job
 from codesign.store.schema import MIGRATIONS, SCHEMA_VERSION
 
+log = logging.getLogger(__name__)
+T = TypeVar("T")
 BUSY_TIMEOUT = 60.0  # seconds a write waits for another process's lock before it fails
 MAX_INTERRUPTED = 3  # interrupted attempts a job is retried for without --retry-failed
 CLOCK_SLACK = 1.0  # seconds between a process's start time and the DB clock still counted as "before"
@@ -298,10 +301,19 @@ class Store:
                          (profile_id, profile["kind"], profile["platform"], profile.get("source"),
                           _versions(profile.get("versions", {})), json.dumps(profile), self.host))
 
-    def stored_profiles(self) -> list[dict[str, Any]]:
-        """Every profile kept here, oldest first."""
-        rows = self.conn.execute("SELECT profile FROM profiles ORDER BY created_at, rowid")
-        return [json.loads(profile) for (profile,) in rows]
+    def stored_profiles(self, read: Callable[[dict[str, Any]], T] = lambda data: data) -> list[T]:
+        """Every profile kept here, oldest first, as `read` makes it of its JSON. A row that does
+        not read (damaged, or edited by hand) is skipped with a warning naming it: one bad copy
+        must not stop every command on this DB."""
+        found = []
+        rows = self.conn.execute("SELECT profile_id, profile FROM profiles ORDER BY created_at, rowid")
+        for profile_id, text in rows:
+            try:
+                found.append(read(json.loads(text)))
+            except (ValueError, KeyError, TypeError, AttributeError) as err:
+                log.warning("%s: table profiles, profile_id %r: unreadable profile skipped (%s: %s)",
+                            self.path, profile_id, type(err).__name__, err)
+        return found
 
 
 def _versions(versions: dict[str, str]) -> str:
