@@ -18,7 +18,6 @@ import logging
 import math
 import signal
 import sys
-import time
 import traceback
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -39,7 +38,7 @@ from codesign.run.reprice import prediction, stale, with_provenance
 from codesign.config.loader import LinkSpec
 from codesign.config.jobs import PlannedJob, job_timeout
 from codesign.config.types import Job
-from codesign.store.database import CONFIG_METRICS, Store
+from codesign.store.database import CONFIG_METRICS, Heartbeat, Store
 
 log = logging.getLogger(__name__)
 HEARTBEAT_EVERY = 5.0
@@ -233,27 +232,23 @@ class Sweep:
         self.pricing = pricing or Pricing()
         self.logs, self.stop_flag = logs, stop or StopFlag()
         self.kept_profiles: set[str] = set()
+        self.heartbeat = Heartbeat(store.path, HEARTBEAT_EVERY)  # beats each attempt from claim to close
         self.version = __version__
         self.summary = SweepSummary()
         self.progress = tqdm(total=len(planned), desc="jobs", unit="job", dynamic_ncols=True,
                              disable=not sys.stderr.isatty())
 
     def run(self) -> SweepSummary:
-        beat = time.monotonic()
         try:
-            while self.queue or self.running:
+            with self.heartbeat:
+                while self.queue or self.running:
+                    self.stop_flag.check()
+                    self.start_what_fits()
+                    if not self.running:
+                        continue
+                    for handle, outcome in self.executor.wait([a.handle for a in self.running], POLL_EVERY):
+                        self.record(next(a for a in self.running if a.handle is handle), outcome)
                 self.stop_flag.check()
-                self.start_what_fits()
-                if not self.running:
-                    continue
-                for handle, outcome in self.executor.wait([a.handle for a in self.running],
-                                                         min(POLL_EVERY, HEARTBEAT_EVERY)):
-                    self.record(next(a for a in self.running if a.handle is handle), outcome)
-                if time.monotonic() - beat >= HEARTBEAT_EVERY:
-                    beat = time.monotonic()
-                    for attempt in self.running:
-                        self.store.heartbeat(attempt.attempt_id)
-            self.stop_flag.check()
         except BaseException as err:
             self.stop(err)
             raise
@@ -285,6 +280,7 @@ class Sweep:
                 if simulated:
                     self.refresh_simulated(item)
                 continue
+            self.heartbeat.hold(attempt_id)
             self.start(item, attempt_id)
 
     def profile_ready(self, item: PlannedJob) -> bool:
@@ -352,6 +348,7 @@ class Sweep:
             log.warning("attempt %d: recording its outcome failed (%s); its measurements are kept beside the error",
                         attempt.attempt_id, outcome.error.strip().splitlines()[-1])
             closed = self.store.finish(attempt.attempt_id, outcome)
+        self.heartbeat.release(attempt.attempt_id)
         if not closed:
             log.warning("attempt %d was closed by another orchestrator; its outcome %s is dropped",
                         attempt.attempt_id, outcome.status)

@@ -3,11 +3,12 @@
 One row per attempt. The store enforces the attempt state machine: an attempt is
 claimed as `running` atomically (two orchestrators never run one job at once), and
 only a running attempt can be closed. A running attempt whose orchestrator is gone
-(dead pid on this host, or a heartbeat older than STALE_AFTER by the DB's clock)
-becomes `interrupted`, which is not the job's fault: the job runs again without a flag,
-up to MAX_INTERRUPTED times. The schema version lives in PRAGMA user_version, and older
-DBs are brought forward by the ordered migrations of `schema`, in one transaction. A file
-that is not a sound SQLite DB is refused before anything is written to it.
+(dead pid on this host, or a heartbeat older than STALE_AFTER by the DB's clock; a live
+orchestrator's `Heartbeat` thread beats it from claim to close) becomes `interrupted`, which
+is not the job's fault: the job runs again without a flag, up to MAX_INTERRUPTED times. The
+schema version lives in PRAGMA user_version, and older DBs are brought forward by the ordered
+migrations of `schema`, in one transaction. A file that is not a sound SQLite DB is refused
+before anything is written to it.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import logging
 import os
 import socket
 import sqlite3
+import threading
 import time
 import uuid
 from dataclasses import dataclass
@@ -104,16 +106,9 @@ class Store:
     def close(self) -> None:
         self.conn.close()
 
-    @contextlib.contextmanager
-    def _transaction(self) -> Iterator[sqlite3.Connection]:
-        """Every write goes through here: BEGIN IMMEDIATE serialises orchestrators."""
-        self.conn.execute("BEGIN IMMEDIATE")
-        try:
-            yield self.conn
-        except BaseException:
-            self.conn.execute("ROLLBACK")
-            raise
-        self.conn.execute("COMMIT")
+    def _transaction(self) -> contextlib.AbstractContextManager[sqlite3.Connection]:
+        """Every write goes through here (or the heartbeat's _immediate)."""
+        return _immediate(self.conn)
 
     def _use_wal(self) -> None:
         """Switch to WAL. The switch takes a lock that SQLite's busy timeout does not wait for, so
@@ -227,11 +222,6 @@ class Store:
                                f"VALUES ({marks}, {NOW}, {NOW})", tuple(row.values()))
             return cur.lastrowid
 
-    def heartbeat(self, attempt_id: int) -> None:
-        with self._transaction() as conn:
-            conn.execute(f"UPDATE attempts SET heartbeat = {NOW} WHERE id = ? AND status = ?",
-                         (attempt_id, RUNNING))
-
     def finish(self, attempt_id: int, outcome: Outcome, columns: dict[str, Any] | None = None) -> bool:
         """Close a running attempt; False when it was no longer running (reaped meanwhile).
         columns: spec columns to overwrite (an Auto search job's chosen plan, as a manual spec's)."""
@@ -314,6 +304,71 @@ class Store:
                 log.warning("%s: table profiles, profile_id %r: unreadable profile skipped (%s: %s)",
                             self.path, profile_id, type(err).__name__, err)
         return found
+
+
+class Heartbeat:
+    """Beats the attempts this orchestrator holds, every `every` seconds, from a thread and a
+    connection of its own, from claim to close: the sweep's thread may be busy for minutes (Auto
+    search pricing a large space) while other hosts reap attempts silent for STALE_AFTER."""
+
+    def __init__(self, path: str, every: float):
+        self.path, self.every = path, every
+        self._held: set[int] = set()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def hold(self, attempt_id: int) -> None:
+        with self._lock:
+            self._held.add(attempt_id)
+
+    def release(self, attempt_id: int) -> None:
+        with self._lock:
+            self._held.discard(attempt_id)
+
+    def __enter__(self) -> Heartbeat:
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name="codesign-heartbeat", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        conn = sqlite3.connect(self.path, isolation_level=None, timeout=BUSY_TIMEOUT)
+        try:
+            while not self._stop.wait(self.every):
+                with self._lock:
+                    held = tuple(self._held)
+                try:
+                    if held:
+                        _beat(conn, held)
+                except sqlite3.Error as err:  # the next beat may pass; the sweep goes on meanwhile
+                    log.warning("%s: heartbeat of attempt(s) %s failed: %s", self.path, list(held), err)
+        finally:
+            conn.close()
+
+
+def _beat(conn: sqlite3.Connection, attempt_ids: tuple[int, ...]) -> None:
+    """The attempts still running are alive now, by the DB's clock."""
+    marks = ", ".join("?" for _ in attempt_ids)
+    with _immediate(conn):
+        conn.execute(f"UPDATE attempts SET heartbeat = {NOW} WHERE status = ? AND id IN ({marks})",
+                     (RUNNING, *attempt_ids))
+
+
+@contextlib.contextmanager
+def _immediate(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
+    """A write transaction: BEGIN IMMEDIATE serialises orchestrators."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        yield conn
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")
 
 
 def _versions(versions: dict[str, str]) -> str:
