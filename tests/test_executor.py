@@ -2,6 +2,7 @@
 
 import dataclasses
 import json
+import threading
 import time
 from types import SimpleNamespace
 
@@ -11,6 +12,7 @@ from codesign.run.local import LocalExecutor
 from codesign.run.sweep import run_sweep
 from codesign.config.jobs import PlannedJob
 from codesign.config.types import ClusterSpec
+from codesign.store import database
 from codesign.store.database import Store
 from tests.conftest import REPO
 from tests.fault_trials import fault_job
@@ -40,18 +42,58 @@ def test_hang_crash_and_segfault_are_recorded_and_the_sweep_goes_on(tmp_path, mo
         assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
 
 
+def counted_beats(monkeypatch, enough: int) -> tuple[list[tuple[int, ...]], threading.Event]:
+    """Every heartbeat the store writes (the attempts it beat), and an event set at the `enough`th."""
+    beats, reached, real = [], threading.Event(), database._beat
+
+    def beat(conn, attempt_ids):
+        real(conn, attempt_ids)
+        beats.append(attempt_ids)
+        if len(beats) >= enough:
+            reached.set()
+
+    monkeypatch.setattr(database, "_beat", beat)
+    return beats, reached
+
+
 def test_heartbeat_runs_while_the_job_runs(tmp_path, monkeypatch):
     monkeypatch.setattr("codesign.run.sweep.HEARTBEAT_EVERY", 0.2)
     monkeypatch.setenv("FAULT_PIDS", str(tmp_path / "pids"))
     monkeypatch.setenv("PYTHONPATH", str(REPO))
     store = Store(tmp_path / "r.db")
-    beats = []
-    monkeypatch.setattr(store, "heartbeat", lambda attempt: beats.append(attempt) or Store.heartbeat(store, attempt))
+    beats, _ = counted_beats(monkeypatch, 1)
     run_sweep([fault_job("hang")], store, LocalExecutor(job_module="tests.fault_jobs"),
               retry_failed=False, manual_timeout=1.5)
     (row,) = store.attempts()
-    assert row["status"] == "timeout" and len(beats) >= 3 and set(beats) == {row["id"]}
+    assert row["status"] == "timeout" and len(beats) >= 3 and set(beats) == {(row["id"],)}
     assert row["heartbeat"] > row["started_at"]
+
+
+def test_the_heartbeat_goes_on_while_auto_search_prices_a_job(tmp_path, monkeypatch):
+    """Auto search holds the sweep's thread (here until three heartbeats were written): the
+    attempt it prices is beaten meanwhile, so another host never reaps it as silent."""
+    from codesign.config.types import AUTO_SEARCH, Job, ModelSpec, ParallelSpec, TrainingSpec
+    from codesign.run import sweep
+
+    monkeypatch.setattr(sweep, "HEARTBEAT_EVERY", 0.01)
+    beats, three = counted_beats(monkeypatch, 3)
+    store = Store(tmp_path / "r.db")
+    real, seen = sweep.choose_plan, {}
+
+    def slow_search(job, book, links):
+        seen["claimed"] = store.attempts()[0]
+        seen["three beats"] = three.wait(timeout=60)  # False: none came while the search ran
+        seen["searched"] = store.attempts()[0]
+        return real(job, book, links)
+
+    monkeypatch.setattr(sweep, "choose_plan", slow_search)
+    job = Job(ModelSpec(4, 2, 1, 1, (("LINEAR",),)), ClusterSpec(1, 8, "NVLink", "sim", "H100"), TrainingSpec(2, 2),
+              ParallelSpec(AUTO_SEARCH, (1,)), 1, "sim")
+    run_sweep([PlannedJob(job)], store, LocalExecutor(), retry_failed=False, manual_timeout=60)
+    (row,) = store.attempts()
+    assert row["status"] == "simulated" and set(beats) == {(row["id"],)}
+    assert seen["three beats"] and seen["searched"]["status"] == "running"
+    assert seen["searched"]["heartbeat"] > seen["claimed"]["heartbeat"]
 
 
 def test_max_concurrent_runs_local_jobs_at_once(tmp_path, monkeypatch):

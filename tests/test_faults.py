@@ -257,7 +257,7 @@ def test_an_exception_while_pricing_a_job_fails_its_attempt_and_the_sweep_goes_o
     assert store.decide(rows[1]["job_key"], retry_failed=False).action == "skip"  # not retried as interrupted
 
 
-def test_an_exception_while_recording_an_outcome_fails_the_attempt_with_the_traceback(tmp_path, fault_env):
+def test_an_exception_while_recording_an_outcome_keeps_the_measurements_beside_the_traceback(tmp_path, fault_env):
     store = Store(tmp_path / "r.db")
     item = fault_job("ok")
     attempt = store.claim(item.key, item.job, retry_failed=False)
@@ -266,8 +266,53 @@ def test_an_exception_while_recording_an_outcome_fails_the_attempt_with_the_trac
     sweep = Sweep([], store, LocalExecutor(), False, 60, 1)
     sweep.record(Attempt(item, attempt, None), Outcome("succeeded", metrics={"avg": 0.5, "bogus": 1}))
     (row,) = store.attempts()
-    assert row["status"] == "failed" and "recording the job's succeeded outcome" in row["error"]
+    assert row["status"] == "succeeded" and row["avg"] == 0.5
+    assert "recording the job's succeeded outcome" in row["error"]
     assert "metrics with no column: bogus" in row["error"]
+
+
+class FinishedJobs:
+    """An executor whose jobs have finished by the time it is asked: each with these measurements."""
+
+    def __init__(self, metrics):
+        self.metrics = metrics
+
+    def can_start(self, job, running):
+        return True
+
+    def start(self, job, timeout, plans=(), log=None, running=(), then=None):
+        return job
+
+    def wait(self, running, seconds):
+        return [(handle, Outcome("succeeded", metrics=dict(self.metrics), duration=1.0)) for handle in running]
+
+    def cancel(self, handle):
+        pass
+
+    def close(self):
+        pass
+
+
+def test_an_error_in_the_bookkeeping_after_a_job_finished_records_its_measurements_beside_it(tmp_path, monkeypatch):
+    """Writing the copy of the profile that priced a finished job fails: the job's median, p90,
+    throughput... are recorded with its own status, the error beside them; the sweep goes on."""
+    measured = {"avg": 0.51, "median": 0.5, "p90": 0.7, "throughput": 2048.0, "max_memory": 123, "compile_time": 3.0,
+                "losses": [1.0, 0.5]}
+
+    def keep_profile(self, profile_id, profile):
+        raise sqlite3.OperationalError("disk I/O error")
+
+    monkeypatch.setattr(Store, "keep_profile", keep_profile)
+    store = Store(tmp_path / "r.db")
+    summary = run_sweep([fault_job("work 0.1"), fault_job("work 0.2")], store, FinishedJobs(measured),
+                        retry_failed=False, manual_timeout=60)
+    rows = store.attempts()
+    assert [r["status"] for r in rows] == ["succeeded", "succeeded"] and summary.statuses == {"succeeded": 2}
+    for row in rows:
+        assert {k: row[k] for k in measured if k != "losses"} == {k: v for k, v in measured.items() if k != "losses"}
+        assert json.loads(row["all_configs"])["losses"] == [1.0, 0.5] and row["job_duration"] == 1.0
+        assert row["error"].startswith("codesign failed while recording the job's succeeded outcome:\nTraceback")
+        assert row["error"].rstrip().endswith("sqlite3.OperationalError: disk I/O error")
 
 
 def test_a_stop_signal_during_record_loses_no_finished_result(tmp_path, fault_env, monkeypatch):

@@ -2,6 +2,7 @@
 
 import base64
 import contextlib
+import csv
 import io
 import sqlite3
 import subprocess
@@ -13,6 +14,7 @@ import pandas as pd
 import pytest
 
 from codesign.cli import main
+from codesign.outcome import Outcome
 from codesign.report.tables import sweep_summary
 from codesign.store.database import Store
 from tests.conftest import REPO
@@ -279,6 +281,23 @@ def test_an_empty_db_reports_why_each_section_is_empty(tmp_path):
     assert "platform = \"sim\"" in page.sections["simulated"]["empty"]
     assert [p.name for p in (tmp_path / "out").glob("*.png")] == ["mine.png"]
     assert pd.read_csv(tmp_path / "out" / "summary.csv").empty
+
+
+def test_the_reports_csvs_quote_formulas_and_keep_numbers_numbers(tmp_path):
+    from tests.report_db import C2, MODEL_A, job, measured, record
+
+    store = Store(tmp_path / "r.db")
+    hostile = job(MODEL_A, C2, "-dp", (1, 2, 1))
+    record(store, hostile, Outcome("succeeded", metrics=measured(0.004, hostile)))
+    record(store, job(MODEL_A, C2, "op", (1, 1, 2)), Outcome("failed", error="=cmd|' /C calc'!A0"))
+    store.close()
+    code, _, stderr = report_cli("report", "-d", str(tmp_path / "r.db"), "-o", str(tmp_path / "out"))
+    assert code == 0, stderr
+    plans = {r["status"]: r for r in csv.DictReader(io.StringIO((tmp_path / "out" / "plans.csv").read_text()))}
+    assert plans["failed"]["error"] == "'=cmd|' /C calc'!A0"
+    assert plans["succeeded"]["plan"] == "'-dp | pp1 dp2 op1 | mb1" and float(plans["succeeded"]["avg"]) == 0.004
+    (summary,) = csv.DictReader(io.StringIO((tmp_path / "out" / "summary.csv").read_text()))
+    assert summary["plan"] == "'-dp | pp1 dp2 op1 | mb1" and summary["global_batch"] == "8"
 
 
 def test_a_db_of_the_previous_release_reports_its_auto_search_failure(tmp_path):

@@ -17,6 +17,7 @@ from codesign.store import schema
 from codesign.store.database import STALE_AFTER, Store
 from codesign.store.schema import LEGACY_COLUMNS, SCHEMA_VERSION
 from tests.conftest import REPO
+from tests.configs import SMALL_HEAD
 
 DATA = REPO / "tests" / "data"
 
@@ -301,3 +302,52 @@ def test_a_metric_with_no_column_is_an_error_not_dropped(tmp_path):
     with pytest.raises(ValueError, match="metrics with no column: throughput_typo"):
         store.finish(attempt, Outcome("succeeded", metrics={"avg": 1.0, "throughput_typo": 2.0}))
     assert store.attempts()[0]["status"] == "running"
+
+
+def test_a_malformed_profile_row_is_reported_once_and_skipped_not_a_crash_of_every_command(tmp_path, caplog):
+    """A DB's copies of profiles: one damaged, one missing fields, then a sound measured one that a
+    simulated cluster needs. Each command says once which rows it skipped and prices with the rest."""
+    import dataclasses
+    import json
+
+    from codesign.planner.device_profiles import BUILTIN, profile_id
+    from codesign.run.profile_cache import profiles_for
+    from tests.conftest import run_cli
+
+    trn = dataclasses.replace(BUILTIN["H100"], kind="Trn1", source="measured")
+    store = Store(tmp_path / "r.db")
+    for pid, text in (("cpu@damaged", "{half"), ("cpu@fields", json.dumps({"kind": "cpu", "platform": "cpu"}))):
+        store.keep_profile(pid, {"kind": "cpu", "platform": "cpu"})
+        store.conn.execute("UPDATE profiles SET profile = ? WHERE profile_id = ?", (text, pid))
+    store.keep_profile(profile_id(trn), trn.to_dict())
+    with caplog.at_level("WARNING"):
+        book = profiles_for(Hosts.local(0), store).book
+    store.close()
+    assert book.profiles["Trn1"] == trn
+    assert [(r.levelname, r.getMessage().split(": ", 1)[1]) for r in caplog.records] == [
+        ("WARNING", "table profiles, profile_id 'cpu@damaged': unreadable profile skipped (JSONDecodeError: "
+                    "Expecting property name enclosed in double quotes: line 1 column 2 (char 1))"),
+        ("WARNING", "table profiles, profile_id 'cpu@fields': unreadable profile skipped (KeyError: 'rates')")]
+    (tmp_path / "c.toml").write_text(SMALL_HEAD + '[[cluster_spec]]\nnum_hosts = 1\nnum_devices_per_host = 8\n'
+                                     'transport = "NVLink"\nplatform = "sim"\ndevice = "Trn1"\n\n'
+                                     '[[parallel_spec]]\ndescription = "dp"\nnum_micro_batches = [1]\n'
+                                     '"(pp, dp, op)" = [1, 8, 1]\n')
+    for command in (("-c", "c.toml", "-d", "r.db"), ("reprice", "-d", "r.db")):
+        proc = run_cli(*command, cwd=tmp_path)
+        assert proc.returncode == 0, proc.stderr
+        assert [proc.stderr.count(f"profile_id {pid!r}: unreadable profile skipped")
+                for pid in ("cpu@damaged", "cpu@fields")] == [1, 1]
+    (row,) = Store(tmp_path / "r.db").attempts()
+    assert row["status"] == "simulated" and row["profile_id"] == profile_id(trn)
+
+
+def test_a_damaged_cached_profile_is_reported_naming_its_file_and_skipped(tmp_path, caplog):
+    from codesign.run.profile_cache import Machine, ProfileCache
+
+    cache, here = ProfileCache(tmp_path), Machine("cpu", "cpu", "Some CPU x 2", (("jax", "1"),))
+    assert cache.load(here) is None and not caplog.records  # none cached: nothing to say
+    cache.path(here).write_text("{half")
+    with caplog.at_level("WARNING"):
+        assert cache.load(here) is None
+    (record,) = caplog.records
+    assert record.getMessage().startswith(f"{cache.path(here)}: unreadable cached profile of the cpu devices")

@@ -15,7 +15,7 @@ from codesign.store.database import Store
 
 EXAMPLES = [
     ("codesign reprice -d results.db", "after `codesign profile`, or after upgrading codesign"),
-    ("codesign reprice -d results.db -c my.toml", "with the [links] of the config that priced the attempts"),
+    ("codesign reprice -d old.db -c my.toml", "an older DB whose attempts recorded no links: price them with my.toml's"),
 ]
 
 
@@ -24,7 +24,8 @@ def build_parser() -> argparse.ArgumentParser:
                             "hand now (after `codesign profile`, or a new release's cost model); measurements "
                             "stay as they are.", EXAMPLES)
     parser.add_argument("-d", "--db", default="results.db", help="The results DB whose attempts to re-price.")
-    parser.add_argument("-c", "--config", help="The config whose [links] priced the attempts (default: none).")
+    parser.add_argument("-c", "--config", help="A config whose [links] price the attempts that recorded no links "
+                                               "(priced by an older codesign); the others keep their own.")
     return parser
 
 

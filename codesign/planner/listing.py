@@ -146,10 +146,12 @@ def write_table(rows: Iterable[dict[str, object]], out: TextIO) -> int:
 
 
 def write_csv(rows: Iterable[dict[str, object]], out: TextIO) -> int:
+    from codesign.csv_cells import safe_cell
+
     writer = csv.DictWriter(out, fieldnames=COLUMNS, lineterminator="\n")
     writer.writeheader()
     count = 0
     for row in rows:
-        writer.writerow({k: "" if v is None else v for k, v in row.items()})
+        writer.writerow({k: "" if v is None else safe_cell(v) for k, v in row.items()})
         count += 1
     return count

@@ -552,12 +552,14 @@ def write_csv(found: Candidates, rankings: Sequence[Ranking], path: str,
     """Every candidate of every target to `path`; returns the row count."""
     import csv
 
+    from codesign.csv_cells import safe_cell
+
     with open(path, "w", newline="", encoding="utf-8") as f:
         writer = csv.writer(f, lineterminator="\n")
         writer.writerow(COLUMNS)
         count = 0
         for row in csv_rows(found, rankings, measured):
-            writer.writerow(row)
+            writer.writerow([safe_cell(cell) for cell in row])
             count += 1
     return count
 

@@ -17,6 +17,7 @@ import jinja2
 import pandas as pd
 from matplotlib.figure import Figure
 
+from codesign.csv_cells import safe_frame
 from codesign.errors import StoreError
 from codesign.outcome import SIMULATED
 from codesign.report import figures, fmt, tables
@@ -428,6 +429,6 @@ def write_report(db: str | Path, out: str | Path, codesign: str | Path | None = 
         db=str(db), sections=sections,
         generated=datetime.datetime.now().isoformat(timespec="seconds"))
     (out / "report.html").write_text(html, encoding="utf-8")
-    report.summary_csv().to_csv(out / "summary.csv", index=False)
-    report.plans_csv().to_csv(out / "plans.csv", index=False)
+    safe_frame(report.summary_csv()).to_csv(out / "summary.csv", index=False)
+    safe_frame(report.plans_csv()).to_csv(out / "plans.csv", index=False)
     return Written(out / "report.html", report.images, len(report.frame))

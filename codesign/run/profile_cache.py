@@ -77,10 +77,15 @@ class ProfileCache:
         return self.root / f"{machine.key}.json"
 
     def load(self, machine: Machine) -> DeviceProfile | None:
+        """The machine's cached profile; None where there is none, or (said once) it does not read."""
+        path = self.path(machine)
         try:
-            data = json.loads(self.path(machine).read_text())
-            return DeviceProfile.from_dict(data["profile"])
-        except (OSError, ValueError, KeyError, TypeError):
+            return DeviceProfile.from_dict(json.loads(path.read_text())["profile"])
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
+            log.warning("%s: unreadable cached profile of the %s skipped (%s: %s)", path, machine,
+                        type(err).__name__, err)
             return None
 
     def save(self, machine: Machine, profile: DeviceProfile) -> Path:
@@ -171,9 +176,9 @@ def profiles_for(hosts: Hosts, store: Store | None = None, on_ray: bool = False,
     book = ProfileBook()
     gpu = builtin_kind(hosts.gpu_kind) or hosts.gpu_kind or "H100"
     book.local.update(gpu=gpu, auto=gpu)
-    for data in store.stored_profiles() if store is not None else ():
-        if data.get("source") == "measured" and data["kind"] not in ("cpu", hosts.gpu_kind):
-            book.add(DeviceProfile.from_dict(data))
+    for profile in store.stored_profiles(DeviceProfile.from_dict) if store is not None else ():
+        if profile.source == "measured" and profile.kind not in ("cpu", hosts.gpu_kind):
+            book.add(profile)
     if on_ray or os.environ.get("CODESIGN_PROFILE") == "builtin":
         return Profiles(book)
     cache = cache or ProfileCache()

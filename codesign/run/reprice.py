@@ -1,6 +1,8 @@
 """Re-price recorded attempts with the profiles and cost model at hand now: after `codesign
-profile` measured this machine, or after a release changed the cost model. The measurements
-stay; predicted_time, predicted_memory, the breakdown and what priced them are replaced."""
+profile` measured this machine, or after a release changed the cost model. Each attempt keeps
+the links it recorded (a config's [links] are the user's, not the machine's). The measurements
+stay; predicted_time, predicted_memory, the breakdown and what priced them are replaced, and
+the store keeps the prediction they replace in the attempt's history."""
 
 from __future__ import annotations
 
@@ -60,14 +62,22 @@ def as_of_device(book: ProfileBook, job: Job, kind: str | None) -> ProfileBook:
     return dataclasses.replace(book, local={**book.local, job.platform: kind})
 
 
+def recorded_links(row: dict[str, Any]) -> tuple[LinkSpec, ...] | None:
+    """The links an attempt was priced with, as it recorded them; None where it recorded none
+    (attempts priced before predictions recorded their links)."""
+    then = json.loads(row["all_configs"] or "{}").get("prediction") or {}
+    return tuple(LinkSpec(**link) for link in then["links"]) if "links" in then else None
+
+
 def reprice(store: Store, rows: Iterable[dict[str, Any]], book: ProfileBook, links: Iterable[LinkSpec] = ()) -> int:
-    """Re-price every finished attempt that has a plan; returns how many. The DB keeps a copy of
-    each profile used."""
+    """Re-price every finished attempt that has a plan, with the links it recorded (`links` for
+    one that recorded none); returns how many. The DB keeps a copy of each profile used."""
     links, kept, changed = tuple(links), set(), 0
     for row in rows:
         if row["status"] == RUNNING:
             continue
-        found, profile = prediction(row, book, links)
+        own = recorded_links(row)
+        found, profile = prediction(row, book, links if own is None else own)
         if profile is None:
             continue
         if found["profile_id"] not in kept:

@@ -2,23 +2,24 @@
 
 Every outcome, from `invalid` to a crashed process or a lost Ray node, goes through the
 same path (`Sweep.record` -> store.finish); only this process writes the DB. The orchestrator's
-own failures take it too: an exception while pricing or recording a job closes that job's
-attempt as `failed` with the traceback's tail, and the sweep goes on. SIGINT or SIGTERM only
-set a flag, which the loop acts on between steps (so a finished result is always recorded):
-it kills the running jobs, records them `interrupted` (a rerun retries them) and stops.
+own failures take it too: an exception while pricing a job closes its attempt as `failed` with
+the traceback's tail; one while recording a finished job records the job's own outcome with the
+traceback beside its error (its measurements are never lost); the sweep goes on. SIGINT or
+SIGTERM only set a flag, which the loop acts on between steps (so a finished result is always
+recorded): it kills the running jobs, records them `interrupted` (a rerun retries them) and stops.
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
+import copy
 import logging
 import math
 import signal
 import sys
-import time
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterator, Protocol, Sequence
 
@@ -26,7 +27,7 @@ from tqdm import tqdm
 
 from codesign import __version__
 from codesign.errors import PlanError
-from codesign.outcome import FAILED, INTERRUPTED, INVALID, OOM, SIMULATED, Outcome
+from codesign.outcome import FAILED, INTERRUPTED, INVALID, METRIC_COLUMNS, OOM, SIMULATED, Outcome
 from codesign.planner.auto import Candidate, NoPlanFits, choose_plan
 from codesign.planner.columns import plan_columns
 from codesign.planner.cost import predict, recorded
@@ -37,7 +38,7 @@ from codesign.run.reprice import prediction, stale, with_provenance
 from codesign.config.loader import LinkSpec
 from codesign.config.jobs import PlannedJob, job_timeout
 from codesign.config.types import Job
-from codesign.store.database import Store
+from codesign.store.database import CONFIG_METRICS, Heartbeat, Store
 
 log = logging.getLogger(__name__)
 HEARTBEAT_EVERY = 5.0
@@ -150,10 +151,17 @@ def invalid_outcome(job: Job) -> Outcome | None:
     return None
 
 
-def failure(what: str) -> Outcome:
-    """The orchestrator's own exception, as the failed outcome of the job it was handling."""
-    return Outcome(FAILED, error=f"codesign failed while {what}:\n{traceback.format_exc()[-TRACEBACK_TAIL:]}",
-                   duration=0.0)
+def failure(what: str) -> str:
+    """The orchestrator's own exception, said as the error of the job it was handling."""
+    return f"codesign failed while {what}:\n{traceback.format_exc()[-TRACEBACK_TAIL:]}"
+
+
+def beside(came: Outcome, error: str) -> Outcome:
+    """A job's outcome with the orchestrator's failure to record it appended to its error: its
+    status and the measurements the DB has columns for stay (only the bookkeeping failed)."""
+    known = set(METRIC_COLUMNS) | set(CONFIG_METRICS)
+    return replace(came, error="\n".join(e for e in (came.error, error) if e),
+                   metrics={k: v for k, v in came.metrics.items() if k in known})
 
 
 @dataclass
@@ -224,27 +232,23 @@ class Sweep:
         self.pricing = pricing or Pricing()
         self.logs, self.stop_flag = logs, stop or StopFlag()
         self.kept_profiles: set[str] = set()
+        self.heartbeat = Heartbeat(store.path, HEARTBEAT_EVERY)  # beats each attempt from claim to close
         self.version = __version__
         self.summary = SweepSummary()
         self.progress = tqdm(total=len(planned), desc="jobs", unit="job", dynamic_ncols=True,
                              disable=not sys.stderr.isatty())
 
     def run(self) -> SweepSummary:
-        beat = time.monotonic()
         try:
-            while self.queue or self.running:
+            with self.heartbeat:
+                while self.queue or self.running:
+                    self.stop_flag.check()
+                    self.start_what_fits()
+                    if not self.running:
+                        continue
+                    for handle, outcome in self.executor.wait([a.handle for a in self.running], POLL_EVERY):
+                        self.record(next(a for a in self.running if a.handle is handle), outcome)
                 self.stop_flag.check()
-                self.start_what_fits()
-                if not self.running:
-                    continue
-                for handle, outcome in self.executor.wait([a.handle for a in self.running],
-                                                         min(POLL_EVERY, HEARTBEAT_EVERY)):
-                    self.record(next(a for a in self.running if a.handle is handle), outcome)
-                if time.monotonic() - beat >= HEARTBEAT_EVERY:
-                    beat = time.monotonic()
-                    for attempt in self.running:
-                        self.store.heartbeat(attempt.attempt_id)
-            self.stop_flag.check()
         except BaseException as err:
             self.stop(err)
             raise
@@ -276,6 +280,7 @@ class Sweep:
                 if simulated:
                     self.refresh_simulated(item)
                 continue
+            self.heartbeat.hold(attempt_id)
             self.start(item, attempt_id)
 
     def profile_ready(self, item: PlannedJob) -> bool:
@@ -310,7 +315,8 @@ class Sweep:
         try:
             ready = self.pricing.prepare(item.job)
         except Exception:
-            self.record(Attempt(item, attempt_id, None), failure("pricing the job"))
+            self.record(Attempt(item, attempt_id, None),
+                        Outcome(FAILED, error=failure("pricing the job"), duration=0.0))
             return
         if ready.outcome is not None:
             self.record(Attempt(item, attempt_id, None, ready.prediction), ready.outcome)
@@ -329,16 +335,20 @@ class Sweep:
             attempt.beside = max(attempt.beside, len(self.running) - 1)
 
     def record(self, attempt: Attempt, outcome: Outcome) -> None:
-        """The one path every outcome takes into the DB; when preparing it fails, the attempt is
-        closed `failed` with the traceback instead."""
+        """The one path every outcome takes into the DB; when the bookkeeping around it fails, the
+        job's own outcome is recorded as it came, with the traceback beside its error."""
         if attempt in self.running:
             self.running.remove(attempt)
+        came = copy.deepcopy(outcome)  # the bookkeeping adds to the outcome in place
         try:
             outcome, columns = self.closing(attempt, outcome)
             closed = self.store.finish(attempt.attempt_id, outcome, columns)
         except Exception:
-            outcome = failure(f"recording the job's {outcome.status} outcome")
+            outcome = beside(came, failure(f"recording the job's {came.status} outcome"))
+            log.warning("attempt %d: recording its outcome failed (%s); its measurements are kept beside the error",
+                        attempt.attempt_id, outcome.error.strip().splitlines()[-1])
             closed = self.store.finish(attempt.attempt_id, outcome)
+        self.heartbeat.release(attempt.attempt_id)
         if not closed:
             log.warning("attempt %d was closed by another orchestrator; its outcome %s is dropped",
                         attempt.attempt_id, outcome.status)

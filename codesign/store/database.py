@@ -3,11 +3,12 @@
 One row per attempt. The store enforces the attempt state machine: an attempt is
 claimed as `running` atomically (two orchestrators never run one job at once), and
 only a running attempt can be closed. A running attempt whose orchestrator is gone
-(dead pid on this host, or a heartbeat older than STALE_AFTER by the DB's clock)
-becomes `interrupted`, which is not the job's fault: the job runs again without a flag,
-up to MAX_INTERRUPTED times. The schema version lives in PRAGMA user_version, and older
-DBs are brought forward by the ordered migrations of `schema`, in one transaction. A file
-that is not a sound SQLite DB is refused before anything is written to it.
+(dead pid on this host, or a heartbeat older than STALE_AFTER by the DB's clock; a live
+orchestrator's `Heartbeat` thread beats it from claim to close) becomes `interrupted`, which
+is not the job's fault: the job runs again without a flag, up to MAX_INTERRUPTED times. The
+schema version lives in PRAGMA user_version, and older DBs are brought forward by the ordered
+migrations of `schema`, in one transaction. A file that is not a sound SQLite DB is refused
+before anything is written to it.
 """
 
 from __future__ import annotations
@@ -16,14 +17,16 @@ import collections
 import contextlib
 import datetime
 import json
+import logging
 import os
 import socket
 import sqlite3
+import threading
 import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator, TypeVar
 
 import psutil
 
@@ -40,6 +43,8 @@ from codesign.outcome import (
 from codesign.config.types import Job
 from codesign.store.schema import MIGRATIONS, SCHEMA_VERSION
 
+log = logging.getLogger(__name__)
+T = TypeVar("T")
 BUSY_TIMEOUT = 60.0  # seconds a write waits for another process's lock before it fails
 MAX_INTERRUPTED = 3  # interrupted attempts a job is retried for without --retry-failed
 CLOCK_SLACK = 1.0  # seconds between a process's start time and the DB clock still counted as "before"
@@ -50,8 +55,10 @@ NOW = "((julianday('now') - 2440587.5) * 86400.0)"  # the DB clock, in unix seco
 RETIRED_ERRORS = ("Auto search is not supported yet",)
 # What an outcome reports beside the metric columns, kept under its name in all_configs.
 CONFIG_METRICS = ("losses", "prediction", "auto_search", "auto_trials")
-# Columns a finished attempt may fill beside the metrics: where it ran and what priced it.
-PREDICTION_COLUMNS = ("predicted_time", "predicted_memory")
+# An attempt's prediction and what priced it: the columns a re-pricing replaces.
+PRICED_BY = ("predicted_time", "predicted_memory", "profile_id", "cost_model")
+# all_configs' list of the predictions re-pricing replaced, oldest first (each with its columns)
+EARLIER_PREDICTIONS = "earlier_predictions"
 SQLITE_HEADER = b"SQLite format 3\x00"
 
 
@@ -99,16 +106,9 @@ class Store:
     def close(self) -> None:
         self.conn.close()
 
-    @contextlib.contextmanager
-    def _transaction(self) -> Iterator[sqlite3.Connection]:
-        """Every write goes through here: BEGIN IMMEDIATE serialises orchestrators."""
-        self.conn.execute("BEGIN IMMEDIATE")
-        try:
-            yield self.conn
-        except BaseException:
-            self.conn.execute("ROLLBACK")
-            raise
-        self.conn.execute("COMMIT")
+    def _transaction(self) -> contextlib.AbstractContextManager[sqlite3.Connection]:
+        """Every write goes through here (or the heartbeat's _immediate)."""
+        return _immediate(self.conn)
 
     def _use_wal(self) -> None:
         """Switch to WAL. The switch takes a lock that SQLite's busy timeout does not wait for, so
@@ -222,11 +222,6 @@ class Store:
                                f"VALUES ({marks}, {NOW}, {NOW})", tuple(row.values()))
             return cur.lastrowid
 
-    def heartbeat(self, attempt_id: int) -> None:
-        with self._transaction() as conn:
-            conn.execute(f"UPDATE attempts SET heartbeat = {NOW} WHERE id = ? AND status = ?",
-                         (attempt_id, RUNNING))
-
     def finish(self, attempt_id: int, outcome: Outcome, columns: dict[str, Any] | None = None) -> bool:
         """Close a running attempt; False when it was no longer running (reaped meanwhile).
         columns: spec columns to overwrite (an Auto search job's chosen plan, as a manual spec's)."""
@@ -250,11 +245,18 @@ class Store:
             return cur.rowcount == 1
 
     def reprice(self, attempt_id: int, prediction: dict[str, Any]) -> None:
-        """A finished attempt's prediction from the cost model as it is now (its measurements stay)."""
-        values = {k: _cell(prediction.get(k)) for k in (*PREDICTION_COLUMNS, "profile_id", "cost_model")}
+        """A finished attempt's prediction from the cost model as it is now (its measurements stay).
+        The prediction it replaces, where it differs, joins the attempt's EARLIER_PREDICTIONS."""
+        values = {k: _cell(prediction.get(k)) for k in PRICED_BY}
         with self._transaction() as conn:
-            row = conn.execute("SELECT all_configs FROM attempts WHERE id = ?", (attempt_id,)).fetchone()
-            configs = {**json.loads(row["all_configs"] or "{}"), "prediction": prediction.get("prediction")}
+            row = conn.execute(f"SELECT all_configs, {', '.join(PRICED_BY)} FROM attempts WHERE id = ?",
+                               (attempt_id,)).fetchone()
+            configs = json.loads(row["all_configs"] or "{}")
+            before = {**{k: row[k] for k in PRICED_BY}, "prediction": configs.get("prediction")}
+            now = json.loads(json.dumps({**values, "prediction": prediction.get("prediction")}))
+            if before != now and any(v is not None for v in before.values()):
+                configs[EARLIER_PREDICTIONS] = [*configs.get(EARLIER_PREDICTIONS, []), before]
+            configs["prediction"] = now["prediction"]
             sets = ", ".join(f"{k} = ?" for k in values)
             conn.execute(f"UPDATE attempts SET {sets}, all_configs = ? WHERE id = ?",
                          (*values.values(), json.dumps(configs), attempt_id))
@@ -289,10 +291,84 @@ class Store:
                          (profile_id, profile["kind"], profile["platform"], profile.get("source"),
                           _versions(profile.get("versions", {})), json.dumps(profile), self.host))
 
-    def stored_profiles(self) -> list[dict[str, Any]]:
-        """Every profile kept here, oldest first."""
-        rows = self.conn.execute("SELECT profile FROM profiles ORDER BY created_at, rowid")
-        return [json.loads(profile) for (profile,) in rows]
+    def stored_profiles(self, read: Callable[[dict[str, Any]], T] = lambda data: data) -> list[T]:
+        """Every profile kept here, oldest first, as `read` makes it of its JSON. A row that does
+        not read (damaged, or edited by hand) is skipped with a warning naming it: one bad copy
+        must not stop every command on this DB."""
+        found = []
+        rows = self.conn.execute("SELECT profile_id, profile FROM profiles ORDER BY created_at, rowid")
+        for profile_id, text in rows:
+            try:
+                found.append(read(json.loads(text)))
+            except (ValueError, KeyError, TypeError, AttributeError) as err:
+                log.warning("%s: table profiles, profile_id %r: unreadable profile skipped (%s: %s)",
+                            self.path, profile_id, type(err).__name__, err)
+        return found
+
+
+class Heartbeat:
+    """Beats the attempts this orchestrator holds, every `every` seconds, from a thread and a
+    connection of its own, from claim to close: the sweep's thread may be busy for minutes (Auto
+    search pricing a large space) while other hosts reap attempts silent for STALE_AFTER."""
+
+    def __init__(self, path: str, every: float):
+        self.path, self.every = path, every
+        self._held: set[int] = set()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def hold(self, attempt_id: int) -> None:
+        with self._lock:
+            self._held.add(attempt_id)
+
+    def release(self, attempt_id: int) -> None:
+        with self._lock:
+            self._held.discard(attempt_id)
+
+    def __enter__(self) -> Heartbeat:
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name="codesign-heartbeat", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        conn = sqlite3.connect(self.path, isolation_level=None, timeout=BUSY_TIMEOUT)
+        try:
+            while not self._stop.wait(self.every):
+                with self._lock:
+                    held = tuple(self._held)
+                try:
+                    if held:
+                        _beat(conn, held)
+                except sqlite3.Error as err:  # the next beat may pass; the sweep goes on meanwhile
+                    log.warning("%s: heartbeat of attempt(s) %s failed: %s", self.path, list(held), err)
+        finally:
+            conn.close()
+
+
+def _beat(conn: sqlite3.Connection, attempt_ids: tuple[int, ...]) -> None:
+    """The attempts still running are alive now, by the DB's clock."""
+    marks = ", ".join("?" for _ in attempt_ids)
+    with _immediate(conn):
+        conn.execute(f"UPDATE attempts SET heartbeat = {NOW} WHERE status = ? AND id IN ({marks})",
+                     (RUNNING, *attempt_ids))
+
+
+@contextlib.contextmanager
+def _immediate(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
+    """A write transaction: BEGIN IMMEDIATE serialises orchestrators."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        yield conn
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")
 
 
 def _versions(versions: dict[str, str]) -> str:

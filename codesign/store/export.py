@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from codesign.csv_cells import safe_frame
 from codesign.errors import StoreError
 from codesign.outcome import FINAL_STATUSES, SUCCEEDED
 from codesign.store.database import Store
@@ -25,5 +26,5 @@ def export_csv(db: str | Path, out: str | Path, which: str) -> int:
         frame = pd.DataFrame(store.attempts(SELECTIONS[which]), columns=store.attempt_columns())
     finally:
         store.close()
-    frame.to_csv(out, index=False)
+    safe_frame(frame).to_csv(out, index=False)
     return len(frame)
