@@ -12,9 +12,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from codesign.planner.auto import EXHAUSTIVE_LIMIT, choose_plan, space_size
+from codesign.planner.auto import EXHAUSTIVE_LIMIT, choose_plan
 from codesign.planner.device_profiles import ProfileBook
 from codesign.planner.plan import plan_name
+from codesign.planner.space import space_size
 from codesign.config.types import ClusterSpec, Job, ModelSpec, ParallelSpec, TrainingSpec
 
 CLUSTERS = [(1, 1), (1, 2), (1, 4), (1, 8), (2, 8), (4, 8), (8, 8)]  # (hosts, devices per host)
