@@ -10,7 +10,6 @@ GPUs; the CPU time says how much of the wall a loaded machine added) and how man
 from __future__ import annotations
 
 import argparse
-import collections
 import csv
 import io
 import resource
@@ -36,11 +35,12 @@ def main() -> int:
             print(proc.stderr, file=sys.stderr)
             return proc.returncode
         print(f"codesign plan: {seconds:.2f} s wall, {cpu:.2f} s CPU")
-    rows = list(csv.DictReader(io.StringIO(proc.stdout)))
-    blocks = collections.Counter((r["cluster"], r["micro_batches"], r["space"]) for r in rows)
-    for (cluster, micro, space), n in sorted(blocks.items()):
-        best = next(r for r in rows if (r["cluster"], r["micro_batches"], r["space"]) == (cluster, micro, space))
-        print(f"  {cluster:24} micro-batches {micro:>2}  {space:22} {n:>5} plans ranked; best {best['plan']}")
+    blocks: dict[tuple[str, str, str], list[dict]] = {}  # in the listing's order, best first
+    for r in csv.DictReader(io.StringIO(proc.stdout)):
+        blocks.setdefault((r["cluster"], r["micro_batches"], r["space"]), []).append(r)
+    for (cluster, micro, space), rows in blocks.items():
+        print(f"  {cluster:24} micro-batches {micro:>2}  {space:22} {len(rows):>5} plans ranked; "
+              f"best {rows[0]['plan']}")
     return 0
 
 
