@@ -10,11 +10,13 @@ import time
 import pandas as pd
 import pytest
 
+from codesign.config.loader import load_config
 from codesign.config.types import AUTO_SEARCH, ClusterSpec, Job, ModelSpec, ParallelSpec, TrainingSpec
 from codesign.outcome import Outcome
 from codesign.planner.auto import EXHAUSTIVE_LIMIT, choose_plan
 from codesign.planner.columns import plan_columns
-from codesign.planner.device_profiles import ProfileBook
+from codesign.planner.device_profiles import BUILTIN, ProfileBook
+from codesign.planner.listing import plan_rows
 from codesign.planner.plan import MESH_AXES, make_plan, plan_from_stages, plan_name
 from codesign.planner.space import MANUAL, all_plans, expressible, same_plan, space_size
 from codesign.store.database import Store
@@ -133,6 +135,16 @@ def test_plan_top_1_is_auto_searchs_choice_on_every_cluster(tmp_path):
             assert row["manual"] == marks[groups]
     manual = found["1x4 NVLink (sim H100)", 4, "manual groups=4"]
     assert [r["rank"] for r in manual][0] == "1" and manual[-1]["manual"] == "pipeline"
+
+
+def test_where_no_plan_fits_the_auto_block_is_listed_unmarked_and_a_warning_says_why(tmp_path, caplog):
+    (tmp_path / "c.toml").write_text(SEED_SIM)
+    book = ProfileBook()
+    book.profiles["H100"] = dataclasses.replace(BUILTIN["H100"], memory=2**28)
+    rows = [r for r in plan_rows(load_config(tmp_path / "c.toml"), book) if r["cluster"].startswith("8x8")]
+    assert len(rows) == 28 and not any(r["fits"] or r["manual"] for r in rows)
+    assert "Auto search groups=1 on 8x8 EFAx4 (sim H100), 4 micro-batches: no plan fits: the smallest predicted " \
+           "peak is" in caplog.text
 
 
 def test_the_manual_filter_keeps_exactly_the_plans_a_manual_spec_runs():
