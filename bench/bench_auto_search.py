@@ -12,8 +12,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from codesign.planner.auto import EXHAUSTIVE_LIMIT, choose_plan, space_size
+from codesign.planner.auto import EXHAUSTIVE_LIMIT, choose_plan
 from codesign.planner.device_profiles import ProfileBook
+from codesign.planner.plan import plan_name
+from codesign.planner.space import space_size
 from codesign.config.types import ClusterSpec, Job, ModelSpec, ParallelSpec, TrainingSpec
 
 CLUSTERS = [(1, 1), (1, 2), (1, 4), (1, 8), (2, 8), (4, 8), (8, 8)]  # (hosts, devices per host)
@@ -47,10 +49,9 @@ def main() -> int:
                 size = space_size(job, SPACE_CAP)
                 method = "every plan" if size <= EXHAUSTIVE_LIMIT else "DP"
                 best = choice.best()
-                stages = " | ".join(f"L{s.layers[0]}-{s.layers[-1]} {s.dp}x{s.op}" for s in best.plan.stages)
                 print(f"{hosts}x{per_host:<6} {layers:>6} {micro:>5} {choice.seconds:>8.2f} {method:>10} "
                       f"{choice.priced:>6} {size if size <= SPACE_CAP else f'>{SPACE_CAP:.0e}':>9} "
-                      f"{best.estimate.seconds * 1e3:>8.2f}  {stages}")
+                      f"{best.estimate.seconds * 1e3:>8.2f}  {plan_name(best.plan)}")
                 worst[n] = max(worst.get(n, 0.0), choice.seconds)
     for n, seconds in sorted(worst.items()):
         print(f"slowest search on {n} devices: {seconds:.2f} s")

@@ -16,7 +16,9 @@ import dataclasses
 import logging
 from pathlib import Path
 
+from codesign.errors import PlanError
 from codesign.outcome import SUCCEEDED, Outcome
+from codesign.planner.plan import make_plan, plan_name
 from codesign.run.discovery import local_gpu_count
 from codesign.run.local import LocalExecutor
 from codesign.run.sweep import invalid_outcome
@@ -26,7 +28,7 @@ from codesign.config.jobs import enumerate_jobs
 from codesign.config.types import SCHEDULES, Job
 
 DEFAULT = Path(__file__).with_name("plans.toml")
-HEADER = (f"{'plan':<34}{'mb':>4}{'sched':>7}{'status':>11}{'median ms':>11}{'p90 ms':>9}"
+HEADER = (f"{'plan':<40}{'mb':>4}{'status':>11}{'median ms':>11}{'p90 ms':>9}"
           f"{'peak MiB':>10}{'compile s':>11}{'samples/s':>11}  devices")
 
 
@@ -45,12 +47,18 @@ def run_one(job: Job, executor: LocalExecutor, timeout: float) -> Outcome:
     return ended[0][1]
 
 
+def name(job: Job) -> str:
+    """The plan's name; the spec's summary where it describes no plan that can run."""
+    try:
+        return plan_name(make_plan(job))
+    except PlanError:
+        return job.parallel.summary()
+
+
 def row(job: Job, executor: LocalExecutor, timeout: float) -> str:
     outcome = invalid_outcome(job) or run_one(job, executor, timeout)
     pp = job.parallel.pp_dp_op[0]
-    zero = " zero2" if job.parallel.zero2 else ""
-    head = (f"{job.parallel.summary() + zero:<34}{job.num_micro_batches:>4}"
-            f"{job.parallel.pipeline_schedule if pp > 1 else '-':>7}{outcome.status:>11}")
+    head = f"{name(job):<40}{job.num_micro_batches:>4}{outcome.status:>11}"
     if outcome.status != SUCCEEDED:
         return f"{head}  {outcome.error.strip().splitlines()[-1][:120] if outcome.error else ''}"
     m = outcome.metrics

@@ -9,17 +9,12 @@ import sys
 import pytest
 
 from codesign.planner import auto
-from codesign.planner.auto import (
-    NoPlanFits,
-    all_plans,
-    choose_plan,
-    dp_search,
-    space_size,
-)
+from codesign.planner.auto import NoPlanFits, choose_plan, dp_search
 from codesign.planner.columns import plan_columns
 from codesign.planner.cost import Workload, estimate
 from codesign.planner.plan import check_plan
 from codesign.planner.device_profiles import BUILTIN, ProfileBook
+from codesign.planner.space import Candidate, all_plans, space_size
 from codesign.config.types import ClusterSpec, Job, ModelSpec, ParallelSpec, TrainingSpec
 
 SEED = ModelSpec(512, 160, 20, 4, (("ATTENTION", "LINEAR", "ATTENTION", "DOT"),) * 4)
@@ -40,7 +35,7 @@ def book_with_memory(nbytes: int, kind: str = "H100") -> ProfileBook:
     return book
 
 
-def fastest(candidates) -> auto.Candidate:
+def fastest(candidates) -> Candidate:
     return min((c for c in candidates if c.estimate.fits), key=lambda c: c.estimate.seconds)
 
 
@@ -55,7 +50,7 @@ def test_importing_auto_search_never_imports_jax():
 def test_the_dp_finds_the_brute_force_best_on_small_spaces(model, hosts, per_host, micro, device, batch):
     job = auto_job(model, hosts, per_host, micro, device=device, batch=batch)
     workload = Workload.of(job, BUILTIN[device])
-    every = [auto.Candidate(p, estimate(workload, p)) for p in all_plans(job)]
+    every = [Candidate(p, estimate(workload, p)) for p in all_plans(job)]
     proposed = dp_search(job, workload)
     assert len(every) == space_size(job, 10**6) and len(proposed) < len(every)
     best, found = fastest(every), fastest(proposed)
@@ -175,7 +170,7 @@ def test_on_cpu_zero2_is_chosen_only_where_a_plan_needs_its_memory():
 
     w = Workload.of(j, BUILTIN["cpu"])
     saving = {}
-    for plan in auto.all_plans(j):
+    for plan in all_plans(j):
         if plan.reduce_scatter:
             plain = estimate(w, dataclasses.replace(plan, reduce_scatter=False)).peak_bytes
             saving[plan] = (estimate(w, plan).peak_bytes, plain)

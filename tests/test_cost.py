@@ -31,7 +31,6 @@ from codesign.planner.device_profiles import (
     cluster_links,
     interpolated,
 )
-from codesign.planner.space import candidate_specs, plan_space, same_plan
 from codesign.config.loader import LinkSpec
 from codesign.config.types import ClusterSpec, Job, ModelSpec, ParallelSpec, TrainingSpec
 from codesign.zhen import counts
@@ -234,27 +233,6 @@ def test_profiles_round_trip_through_json_and_book_lookup():
     book.local["gpu"] = "NVIDIA H200"
     assert book.for_job(gpu).kind == "H200" and book.known("NVIDIA A100-SXM4-80GB")
     assert not book.known("TPU v5")
-
-
-def test_plan_space_covers_every_kind_and_each_plan_uses_every_device():
-    j = job(hosts=2, per_host=4, transport="EFAx4", micro=4)
-    specs = list(candidate_specs(j))
-    assert {s.pp_dp_op[0] for s in specs} == {1, 2, 4}
-    assert all(s.pp_dp_op[0] * s.pp_dp_op[1] * s.pp_dp_op[2] == 8 for s in specs)
-    assert {s.pipeline_schedule for s in specs} == {"1F1B", "GPipe"}
-    assert any(s.physical_mesh_shape == (2, 2) for s in specs) and any(s.remat_layer for s in specs)
-    space = plan_space(j, Workload.of(j, BUILTIN["H100"]))
-    times = [p.estimate.seconds for p in space if p.estimate.fits]
-    assert times == sorted(times) and len(space) == len(specs)
-    for p in space:
-        assert sorted(d for s in p.plan.stages for d in s.device_ids) == list(range(8))
-
-
-def test_same_plan_ignores_the_placement_name():
-    a = make_plan(job(per_host=8, pp_dp_op=(1, 8, 1)))
-    b = make_plan(job(per_host=8, pp_dp_op=(1, 8, 1), physical_mesh_shape=(1, 8), num_auto_layers=4))
-    assert a.placement != b.placement and same_plan(a, b)
-    assert not same_plan(a, dataclasses.replace(a, reduce_scatter=True))
 
 
 @pytest.mark.parametrize("fold_dot", [False, True])

@@ -1,6 +1,7 @@
 """`codesign plan`, simulated clusters through the sweep, and the errors a user can make there."""
 
 import csv
+import dataclasses
 import io
 import json
 import sqlite3
@@ -9,8 +10,15 @@ import time
 import pandas as pd
 import pytest
 
+from codesign.config.loader import load_config
+from codesign.config.types import AUTO_SEARCH, ClusterSpec, Job, ModelSpec, ParallelSpec, TrainingSpec
 from codesign.outcome import Outcome
-from codesign.config.types import ClusterSpec, Job, ModelSpec, ParallelSpec, TrainingSpec
+from codesign.planner.auto import EXHAUSTIVE_LIMIT, choose_plan
+from codesign.planner.columns import plan_columns
+from codesign.planner.device_profiles import BUILTIN, ProfileBook
+from codesign.planner.listing import plan_rows
+from codesign.planner.plan import MESH_AXES, make_plan, plan_from_stages, plan_name
+from codesign.planner.space import MANUAL, all_plans, expressible, same_plan, space_size
 from codesign.store.database import Store
 from codesign.store.export import export_csv
 from codesign.store.schema import MIGRATIONS
@@ -23,6 +31,56 @@ SEED_SIM = (REPO / "bench" / "plan_sim.toml").read_text()  # seed model on 8, 16
 
 
 
+SEED = ModelSpec(512, 160, 20, 4, (("ATTENTION", "LINEAR", "ATTENTION", "DOT"),) * 4)
+# The seed model's Auto search with 4 and 2 layer groups on simulated H100s: 2x8's space with 4
+# groups is searched by the dynamic program, the others in full.
+AUTO_SIM = SEED_SIM.split("[[cluster_spec]]")[0] + """
+[[cluster_spec]]
+num_hosts = 1
+num_devices_per_host = 4
+transport = "NVLink"
+platform = "sim"
+device = "H100"
+
+[[cluster_spec]]
+num_hosts = 2
+num_devices_per_host = 8
+transport = "EFAx4"
+platform = "sim"
+device = "H100"
+
+[[parallel_spec]]
+description = "Auto search"
+num_micro_batches = [1, 4]
+num_auto_layers = 4
+
+[[parallel_spec]]
+description = "Auto search"
+num_micro_batches = [4]
+num_auto_layers = 2
+auto_trials = 2
+
+[[parallel_spec]]
+description = "pipeline"
+num_micro_batches = [4]
+"(pp, dp, op)" = [2, 2, 1]
+num_auto_layers = 2
+"""
+
+
+def blocks(table: list[dict]) -> dict[tuple, list[dict]]:
+    """(cluster, micro-batches, space) -> its rows, in order."""
+    found: dict[tuple, list[dict]] = {}
+    for row in table:
+        found.setdefault((row["cluster"], int(row["micro_batches"]), row["space"]), []).append(row)
+    return found
+
+
+def sim_job(hosts: int, per_host: int, micro: int, groups: int, transport: str = "EFAx4") -> Job:
+    return Job(SEED, ClusterSpec(hosts, per_host, transport, "sim", "H100"), TrainingSpec(1024, 10),
+               ParallelSpec(AUTO_SEARCH, (micro,), num_auto_layers=groups), micro, "sim")
+
+
 def test_plan_ranks_every_plan_of_each_cluster_and_marks_manual_specs(tmp_path):
     (tmp_path / "c.toml").write_text(SEED_SIM)
     start = time.monotonic()
@@ -30,26 +88,110 @@ def test_plan_ranks_every_plan_of_each_cluster_and_marks_manual_specs(tmp_path):
     seconds = time.monotonic() - start
     assert proc.returncode == 0, proc.stderr
     table = list(csv.DictReader(io.StringIO(proc.stdout)))
-    by_cluster = {}
-    for row in table:
-        by_cluster.setdefault(row["cluster"], []).append(row)
-    assert sorted(by_cluster) == ["1x8 NVLink (sim H100)", "2x8 EFAx4 (sim H100)", "8x8 EFAx4 (sim H100)"]
-    for cluster, plans in by_cluster.items():
+    found = blocks(table)
+    one_host = ("1x8 NVLink (sim H100)", 4)
+    assert sorted(found) == [(*one_host, "Auto search groups=1"), (*one_host, "manual groups=4"),
+                             ("2x8 EFAx4 (sim H100)", 4, "Auto search groups=1"),
+                             ("8x8 EFAx4 (sim H100)", 4, "Auto search groups=1")]
+    for key, plans in found.items():
         assert [int(r["rank"]) for r in plans] == list(range(1, len(plans) + 1))
         fitting = [float(r["time_ms"]) for r in plans if r["fits"] == "True"]
-        assert fitting == sorted(fitting) and len(plans) > 40
-        baseline = [r for r in plans if r["plan"].startswith("pp1 dp") and float(r["speedup_vs_dp"] or 0) == 1.0]
-        assert baseline, cluster
-    manual = {mark for r in by_cluster["1x8 NVLink (sim H100)"] for mark in r["manual"].split("; ") if mark}
-    assert manual == {"data parallel", "pipeline", "Auto search groups=1"}
-    # 8-device specs do not match; the plan Auto search (one layer group: no pipeline) would choose
-    for cluster in ("2x8 EFAx4 (sim H100)", "8x8 EFAx4 (sim H100)"):
-        (chosen,) = [r for r in by_cluster[cluster] if r["manual"]]
-        assert chosen["manual"] == "Auto search groups=1" and chosen["fits"] == "True"
-        assert chosen["plan"].startswith("pp1 ") and float(chosen["time_ms"]) == min(
-            float(r["time_ms"]) for r in by_cluster[cluster] if r["plan"].startswith("pp1 ") and r["fits"] == "True")
+        assert fitting == sorted(fitting) and len({r["plan"] for r in plans}) == len(plans)
+        (baseline,) = [r for r in plans if r["plan"].startswith("pp1 dp") and float(r["speedup_vs_dp"] or 0) == 1.0]
+        assert " op1" in baseline["plan"], key
+    # one layer group: Auto search's space is every one-program plan (7 meshes x 4 settings)
+    for cluster in ("1x8 NVLink (sim H100)", "2x8 EFAx4 (sim H100)", "8x8 EFAx4 (sim H100)"):
+        plans = found[cluster, 4, "Auto search groups=1"]
+        assert len(plans) == 28 and all(r["plan"].startswith("pp1 ") for r in plans)
+        assert [r["manual"] for r in plans] == ["Auto search groups=1"] + [""] * 27
+    manual = found[(*one_host, "manual groups=4")]
+    assert {r["plan"].split()[0] for r in manual} == {"pp1", "pp2", "pp4"} and len(manual) > 40
+    assert {r["manual"]: r["plan"] for r in manual if r["manual"]} == {"data parallel": "pp1 dp8 op1",
+                                                                      "pipeline": "pp2 dp4 op1 layers[1,3] 1F1B"}
     assert not (tmp_path / "results.db").exists()
     print(f"codesign plan on 8, 16 and 64 simulated H100s: {seconds:.2f} s for {len(table)} plans")
+
+
+def test_plan_top_1_is_auto_searchs_choice_on_every_cluster(tmp_path):
+    """No special case: the listing ranks the plans Auto search prices as it does, in full or
+    through the dynamic program, so its first is the plan `choose_plan` chooses."""
+    (tmp_path / "c.toml").write_text(AUTO_SIM)
+    proc = run_cli("plan", "-c", "c.toml", "--top", "1", "--format", "csv", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    found = blocks(list(csv.DictReader(io.StringIO(proc.stdout))))
+    cases = {("1x4 NVLink (sim H100)", (1, 4, "NVLink")), ("2x8 EFAx4 (sim H100)", (2, 8, "EFAx4"))}
+    expected = {(name, micro, f"Auto search groups={groups}") for name, _ in cases for micro, groups in
+                ((1, 4), (4, 4), (4, 2))} | {("1x4 NVLink (sim H100)", 4, "manual groups=4")}
+    assert set(found) == expected
+    assert space_size(sim_job(2, 8, 4, 4), EXHAUSTIVE_LIMIT) > EXHAUSTIVE_LIMIT  # the dynamic program's
+    book = ProfileBook()
+    for name, (hosts, per_host, transport) in cases:
+        for micro, groups in ((1, 4), (4, 4), (4, 2)):
+            best = choose_plan(sim_job(hosts, per_host, micro, groups, transport), book).best()
+            (row,) = found[name, micro, f"Auto search groups={groups}"]
+            assert (row["rank"], row["plan"], float(row["time_ms"])) == (
+                "1", plan_name(best.plan), best.estimate.seconds * 1e3), (name, micro, groups)
+            marks = {4: "Auto search groups=4", 2: "Auto search groups=2 trials=2"}
+            assert row["manual"] == marks[groups]
+    manual = found["1x4 NVLink (sim H100)", 4, "manual groups=4"]
+    assert [r["rank"] for r in manual][0] == "1" and manual[-1]["manual"] == "pipeline"
+
+
+def test_where_no_plan_fits_the_auto_block_is_listed_unmarked_and_a_warning_says_why(tmp_path, caplog):
+    (tmp_path / "c.toml").write_text(SEED_SIM)
+    book = ProfileBook()
+    book.profiles["H100"] = dataclasses.replace(BUILTIN["H100"], memory=2**28)
+    rows = [r for r in plan_rows(load_config(tmp_path / "c.toml"), book) if r["cluster"].startswith("8x8")]
+    assert len(rows) == 28 and not any(r["fits"] or r["manual"] for r in rows)
+    assert "Auto search groups=1 on 8x8 EFAx4 (sim H100), 4 micro-batches: no plan fits: the smallest predicted " \
+           "peak is" in caplog.text
+
+
+def test_the_manual_filter_keeps_exactly_the_plans_a_manual_spec_runs():
+    """Every plan MANUAL admits is what make_plan builds from the manual spec that says it (its
+    columns: a tile's host_ids/device_ids); the others split the groups, the devices or the
+    meshes unevenly."""
+    j = dataclasses.replace(sim_job(2, 4, 4, 4), parallel=ParallelSpec("manual", (4,), 4))
+    manual = list(all_plans(j, MANUAL))
+    assert manual == [p for p in all_plans(j) if expressible(p)]
+    assert {len(p.stages) for p in manual} == {1, 2, 4} and {p.schedule for p in manual} == {"1F1B", "GPipe"}
+    assert any(plan_name(p).endswith("tile[2,2]") for p in manual) and any(p.remat for p in manual)
+    for plan in manual:
+        columns = plan_columns(plan, 4)
+        contiguous = "tile[" not in plan_name(plan)
+        spec = ParallelSpec(
+            "manual", (4,), 4, plan.remat, (len(plan.stages), plan.stages[0].dp, plan.stages[0].op),
+            auto_sharding_option=(("force_batch_dim_to_mesh_dim", MESH_AXES.index(plan.batch_axis)),
+                                  ("prefer_reduce_scatter", plan.reduce_scatter)),
+            host_ids=None if contiguous else tuple(map(tuple, columns["host_ids"])),
+            device_ids=None if contiguous else tuple(tuple(map(tuple, s)) for s in columns["device_ids"]),
+            pipeline_schedule=plan.schedule)
+        assert same_plan(make_plan(dataclasses.replace(j, parallel=spec)), plan), plan_name(plan)
+        assert sorted(d for s in plan.stages for d in s.device_ids) == list(range(8))
+    uneven = plan_from_stages(j, [[0, 1], [2], [3]], [[0, 1, 2, 3], [4, 5], [6, 7]], [(4, 1), (2, 1), (1, 2)])
+    assert not expressible(uneven) and uneven in set(all_plans(j))
+
+
+def test_a_plan_has_one_name_that_tells_the_plans_of_a_space_apart():
+    j = sim_job(2, 4, 4, 4)
+    assert len({plan_name(p) for p in all_plans(j)}) == space_size(j, 10**6)
+    uneven = plan_from_stages(j, [[0], [1, 2, 3]], [[0, 1, 2, 3], [4, 5]], [(4, 1), (1, 2)], remat=True,
+                              reduce_scatter=True, schedule="GPipe", batch_axis="op")
+    assert plan_name(uneven) == "pp2 dp[4,1] op[1,2] layers[1,3] remat zero2 GPipe batch@op"
+    halves = plan_from_stages(sim_job(2, 4, 4, 2), [[0], [1]], [[0, 1, 2, 3], [4, 5, 6, 7]], [(4, 1)] * 2, remat=True)
+    assert plan_name(halves) == "pp2 dp4 op1 layers[1,3] groups1 remat 1F1B"  # 2 groups: FLOP-balanced
+    tiled = make_plan(dataclasses.replace(j, parallel=ParallelSpec("t", (4,), 4, False, (2, 4, 1), (2, 2))))
+    assert plan_name(tiled) == "pp2 dp4 op1 1F1B tile[2,2]"
+    assert plan_name(make_plan(dataclasses.replace(j, parallel=ParallelSpec("dp", (4,), 1, False, (1, 8, 1))))) == (
+        "pp1 dp8 op1")
+
+
+def test_same_plan_ignores_the_placement_name():
+    j = sim_job(1, 8, 1, 4)
+    a = make_plan(dataclasses.replace(j, parallel=ParallelSpec("a", (1,), 1, False, (1, 8, 1))))
+    b = make_plan(dataclasses.replace(j, parallel=ParallelSpec("b", (1,), 4, False, (1, 8, 1), (1, 8))))
+    assert a.placement != b.placement and same_plan(a, b)
+    assert not same_plan(a, dataclasses.replace(a, reduce_scatter=True))
 
 
 def test_plan_top_k_table(tmp_path):
@@ -57,9 +199,9 @@ def test_plan_top_k_table(tmp_path):
     proc = run_cli("plan", "-c", "c.toml", "--top", "2", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
-    assert lines[0].split()[:5] == ["model", "cluster", "micro_batches", "rank", "plan"]
-    # Two best per cluster, plus the two manual specs of the 8-GPU cluster wherever they rank.
-    assert 6 <= len(lines) - 1 <= 8
+    assert lines[0].split()[:6] == ["model", "cluster", "micro_batches", "space", "rank", "plan"]
+    # Two best per block (three Auto search blocks, one manual), and the pipeline spec wherever it ranks.
+    assert 8 <= len(lines) - 1 <= 9
     assert "codesign: " in proc.stderr and "plans priced" in proc.stderr
 
 
@@ -88,7 +230,7 @@ def test_link_overrides_change_the_prediction(tmp_path):
     for name in ("fast", "slow"):
         proc = run_cli("plan", "-c", f"{name}.toml", "--format", "csv", cwd=tmp_path)
         table = [r for r in csv.DictReader(io.StringIO(proc.stdout)) if r["cluster"].startswith("8x8")]
-        times[name] = {r["plan"].removesuffix(" contiguous"): float(r["time_ms"]) for r in table}  # marked: placed
+        times[name] = {r["plan"]: float(r["time_ms"]) for r in table}
     assert times["slow"]["pp1 dp64 op1"] > 2 * times["fast"]["pp1 dp64 op1"]
 
 

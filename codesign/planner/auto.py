@@ -1,10 +1,6 @@
-"""Auto search: choose a job's parallel plan by pricing plans with the cost model, not compiling them.
-
-The space (one cluster, the job's micro-batch count): pipeline degree; stage boundaries over the
-job's `num_auto_layers` layer groups, uneven allowed; each stage on a contiguous block of devices
-(within one host, or whole hosts; blocks of different sizes allowed) or on host tiles; each
-stage's (dp, op); and, plan-wide, the batch axis, remat, ZeRO-2 and the schedule. Plans that cannot fit are dropped, the
-rest ranked by predicted seconds per iteration.
+"""Auto search: choose a job's parallel plan by pricing the plans of its space (planner.space)
+with the cost model, not compiling them. Plans that cannot fit are dropped, the rest ranked by
+predicted seconds per iteration.
 
 Where the space is small every plan is priced. Where it is large, a dynamic program over stage
 boundaries and device offsets (the shape of Alpa's inter-operator pass) proposes plans: for each
@@ -27,23 +23,29 @@ from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
 
-from codesign.errors import PlanError
-from codesign.planner.columns import plan_columns
-from codesign.planner.cost import Estimate, StageCost, Workload, estimate, stage_cost
-from codesign.planner.plan import (
-    MESH_AXES,
-    Plan,
-    StagePlan,
-    layer_groups,
-    plan_from_stages,
-    tile_devices,
-)
-from codesign.planner.device_profiles import ProfileBook
-from codesign.planner.schedule import max_in_flight
-from codesign.planner.space import host_tiles
 from codesign.config.loader import LinkSpec
 from codesign.config.types import SCHEDULES, Job
-from codesign.zhen import counts
+from codesign.errors import PlanError
+from codesign.planner.columns import plan_columns
+from codesign.planner.cost import StageCost, Workload, estimate, stage_cost
+from codesign.planner.device_profiles import ProfileBook
+from codesign.planner.plan import MESH_AXES, Plan, StagePlan, layer_groups
+from codesign.planner.schedule import max_in_flight
+from codesign.planner.space import (
+    Candidate,
+    Setting,
+    all_plans,
+    assemble,
+    block_fits,
+    block_sizes,
+    by_rank,
+    degrees,
+    meshes,
+    settings,
+    space_size,
+    splits as all_splits,
+    tiled,
+)
 
 EXHAUSTIVE_LIMIT = 3000  # plans: price every one below this, else let the dynamic program propose
 THRESHOLDS = 16  # t_max bounds the dynamic program tries per (pipeline degree, setting)
@@ -51,15 +53,6 @@ PROPOSALS = 3  # plans each (pipeline degree, setting) hands to exact pricing
 REFINE = 5  # best priced plans whose neighbours (splits, meshes, settings) are priced too
 RESPLITS = 64  # splits of one plan priced in full; beyond, each boundary moved by one group
 RUNNERS_UP = 5
-MLP_WIDTHS = math.gcd(counts.DOT_HIDDEN, counts.FFN_HIDDEN)  # what op shards: it must divide them evenly
-
-
-@dataclass(frozen=True)
-class Candidate:
-    """One priced plan."""
-
-    plan: Plan
-    estimate: Estimate
 
 
 def shape(plan: Plan) -> tuple:
@@ -115,143 +108,23 @@ class NoPlanFits(PlanError):
     """No plan of the space fits the device's memory: the attempt is `oom`, with this message."""
 
 
-@dataclass(frozen=True)
-class Setting:
-    """The plan-wide choices."""
-
-    batch_axis: str
-    remat: bool
-    reduce_scatter: bool
-    schedule: str
-
-
 def choose_plan(job: Job, book: ProfileBook, links: Iterable[LinkSpec] = ()) -> AutoChoice:
     """The plans of the job's space that fit, ranked by predicted time; NoPlanFits when none does."""
     start = time.perf_counter()
     workload = Workload.of(job, book.for_job(job), links)
+    priced = price_space(job, workload)
+    fitting = tuple(c for c in by_rank(priced) if c.estimate.fits)
+    if not fitting:
+        raise NoPlanFits(no_fit_message(workload, priced))
+    return AutoChoice(fitting, len(priced), time.perf_counter() - start, job.cluster.num_devices_per_host)
+
+
+def price_space(job: Job, workload: Workload) -> list[Candidate]:
+    """The plans Auto search prices, in the order it prices them: every plan of a small space;
+    of a large one, the dynamic program's proposals and their neighbours."""
     if space_size(job, EXHAUSTIVE_LIMIT) <= EXHAUSTIVE_LIMIT:
-        priced = [Candidate(p, estimate(workload, p)) for p in all_plans(job)]
-    else:
-        priced = dp_search(job, workload)
-    ranked = tuple(sorted((c for c in priced if c.estimate.fits), key=lambda c: c.estimate.seconds))
-    if not ranked:
-        raise NoPlanFits(_no_fit_message(workload, priced))
-    return AutoChoice(ranked, len(priced), time.perf_counter() - start, job.cluster.num_devices_per_host)
-
-
-# -- the space -------------------------------------------------------------------------------
-
-def settings(pp: int) -> Iterator[Setting]:
-    for axis, remat, zero, schedule in itertools.product(
-            MESH_AXES, (False, True), (False, True), SCHEDULES if pp > 1 else SCHEDULES[:1]):
-        yield Setting(axis, remat, zero, schedule)
-
-
-def block_sizes(job: Job) -> list[int]:
-    """Device counts a contiguous stage may take: on one host any; across hosts (as Alpa's
-    submeshes) a power of two or a divisor of a host's devices, or whole hosts."""
-    per_host, hosts = job.cluster.num_devices_per_host, job.cluster.num_hosts
-    inside = [s for s in range(1, per_host + 1) if hosts == 1 or per_host % s == 0 or s & (s - 1) == 0]
-    return sorted(set(inside) | {h * per_host for h in range(1, hosts + 1)})
-
-
-def block_fits(job: Job, offset: int, size: int) -> bool:
-    """A block of devices [offset, offset + size) stays inside one host, or takes whole hosts."""
-    per_host, n = job.cluster.num_devices_per_host, job.cluster.num_devices
-    if offset + size > n:
-        return False
-    if size <= per_host and offset % per_host + size <= per_host:
-        return True
-    return size % per_host == 0 and offset % per_host == 0
-
-
-def meshes(job: Job, size: int, batch_axis: str) -> list[tuple[int, int]]:
-    """(dp, op) of a stage whose batch-axis size divides the micro-batch; op inside a host (its
-    collectives run per mixer call) and dividing the MLP widths it shards; the batch on op only
-    where op > 1 (else it would be replicated over dp)."""
-    micro_batch = job.global_batch // job.num_micro_batches
-    found = []
-    for dp in range(1, size + 1):
-        op = size // dp
-        shards = dp if batch_axis == "dp" else op
-        if (size % dp == 0 and micro_batch % shards == 0 and (batch_axis == "dp" or op > 1)
-                and op <= job.cluster.num_devices_per_host and MLP_WIDTHS % op == 0):
-            found.append((dp, op))
-    return found
-
-
-def placements(job: Job, pp: int) -> Iterator[list[tuple[int, ...]]]:
-    """Each stage's devices: contiguous blocks in stage order, or the cluster's host tiles (part
-    of each of several hosts, an interleaved placement) when there are pp of them."""
-    n, sizes = job.cluster.num_devices, block_sizes(job)
-    for blocks in _compositions(n, pp, sizes):
-        offsets = list(itertools.accumulate(blocks, initial=0))
-        if all(block_fits(job, o, s) for o, s in zip(offsets, blocks)):
-            yield [tuple(range(o, o + s)) for o, s in zip(offsets, blocks)]
-    yield from tiled(job, pp)
-
-
-def tiled(job: Job, pp: int) -> Iterator[list[tuple[int, ...]]]:
-    n, cluster = job.cluster.num_devices, job.cluster
-    if n % pp == 0:
-        for h, d in host_tiles(cluster, n // pp):
-            yield tile_devices(cluster.num_hosts, cluster.num_devices_per_host, h, d)
-
-
-def _compositions(total: int, parts: int, allowed: Sequence[int]) -> Iterator[tuple[int, ...]]:
-    if parts == 1:
-        if total in allowed:
-            yield (total,)
-        return
-    for first in allowed:
-        if first < total:
-            for rest in _compositions(total - first, parts - 1, allowed):
-                yield (first, *rest)
-
-
-def _splits(groups: int, parts: int) -> Iterator[tuple[range, ...]]:
-    """Every way to cut groups 0..groups-1 into `parts` contiguous non-empty runs."""
-    for cuts in itertools.combinations(range(1, groups), parts - 1):
-        bounds = (0, *cuts, groups)
-        yield tuple(range(a, b) for a, b in zip(bounds, bounds[1:]))
-
-
-def _degrees(job: Job) -> range:
-    return range(1, min(len(layer_groups(job)), job.cluster.num_devices) + 1)
-
-
-def space_size(job: Job, limit: int) -> int:
-    """How many plans all_plans yields (counted without building them), up to just past limit."""
-    total, groups = 0, len(layer_groups(job))
-    for pp in _degrees(job):
-        for devices in placements(job, pp):
-            per_setting = sum(math.prod(len(meshes(job, len(ids), s.batch_axis)) for ids in devices)
-                              for s in settings(pp))
-            total += math.comb(groups - 1, pp - 1) * per_setting
-            if total > limit:
-                return total
-    return total
-
-
-def all_plans(job: Job) -> Iterator[Plan]:
-    """Every plan of the space."""
-    groups = len(layer_groups(job))
-    for pp in _degrees(job):
-        for devices, split, setting in itertools.product(list(placements(job, pp)), list(_splits(groups, pp)),
-                                                         list(settings(pp))):
-            for mesh in itertools.product(*(meshes(job, len(ids), setting.batch_axis) for ids in devices)):
-                yield _plan(job, split, devices, mesh, setting)
-
-
-def _plan(job: Job, split: Sequence[range], devices: Sequence[Sequence[int]], mesh: Sequence[tuple[int, int]],
-          setting: Setting) -> Plan:
-    return plan_from_stages(job, [list(r) for r in split], [list(ids) for ids in devices], list(mesh),
-                            batch_axis=setting.batch_axis, remat=setting.remat,
-                            reduce_scatter=setting.reduce_scatter, schedule=setting.schedule)
-
-
-def _unique(plans: Iterable[Plan]) -> list[Plan]:
-    return list(dict.fromkeys(plans))
+        return [Candidate(p, estimate(workload, p)) for p in all_plans(job)]
+    return dp_search(job, workload)
 
 
 # -- the dynamic program -----------------------------------------------------------------------
@@ -329,13 +202,13 @@ def dp_plans(job: Job, workload: Workload) -> list[Plan]:
     table = StageTable(job, workload)
     groups = len(table.groups)
     plans = []
-    for pp in _degrees(job):
+    for pp in degrees(job):
         for setting in settings(pp):
             if pp > 1:
                 plans += _pipeline_plans(job, table, pp, setting)
             balanced = tuple(range(int(r[0]), int(r[-1]) + 1) for r in np.array_split(np.arange(groups), pp))
             for devices in tiled(job, pp) if pp > 1 else [[tuple(range(job.cluster.num_devices))]]:
-                plans += [_plan(job, balanced, devices, [m] * pp, setting)
+                plans += [assemble(job, balanced, devices, [m] * pp, setting)
                           for m in meshes(job, len(devices[0]), setting.batch_axis)]
     return plans
 
@@ -362,7 +235,7 @@ def _pipeline_plans(job: Job, table: StageTable, pp: int, setting: Setting) -> l
     key = (pp, cost.tobytes())  # settings that differ only where nothing binds give the same DP
     if key not in table.solved:
         table.solved[key] = _solve(job, cost, bounds, sizes)
-    return [_plan(job, [r for r, _, _ in stages], [b for _, b, _ in stages], [mesh[key] for _, _, key in stages],
+    return [assemble(job, [r for r, _, _ in stages], [b for _, b, _ in stages], [mesh[key] for _, _, key in stages],
                   setting) for stages in table.solved[key]]
 
 
@@ -424,9 +297,10 @@ def _trace(back: list[tuple[np.ndarray, np.ndarray]], t: int, g: int, n: int,
 def dp_search(job: Job, workload: Workload) -> list[Candidate]:
     """The DP's proposals priced, and around the best few and each pipeline degree's best: every
     other split of the layer groups (or, where those are too many, each boundary moved by one
-    group) on the same devices, each stage's other meshes, and the other plan-wide settings. What the DP's objective leaves out (transfers, dispatch, the
-    update) can move the best cuts and meshes."""
-    priced = [Candidate(p, estimate(workload, p)) for p in _unique(dp_plans(job, workload))]
+    group) on the same devices, each stage's other meshes, and the other plan-wide settings.
+    What the DP's objective leaves out (transfers, dispatch, the update) can move the best cuts
+    and meshes."""
+    priced = [Candidate(p, estimate(workload, p)) for p in dict.fromkeys(dp_plans(job, workload))]
     seen = {c.plan for c in priced}
     fitting = sorted((c for c in priced if c.estimate.fits), key=lambda c: c.estimate.seconds)
     per_degree = {len(c.plan.stages): c.plan for c in reversed(fitting)}  # each pipeline degree's best
@@ -460,14 +334,14 @@ def _resplits(job: Job, plan: Plan) -> Iterator[Plan]:
     groups, pp = len(layer_groups(job)), len(plan.stages)
     bounds = list(itertools.accumulate((len(s.groups) for s in plan.stages), initial=0))
     if math.comb(groups - 1, pp - 1) <= RESPLITS:
-        splits = _splits(groups, pp)
+        splits = all_splits(groups, pp)
     else:
         moved = ({*bounds[:k], b + step, *bounds[k + 1:]} for k, b in enumerate(bounds[1:-1], 1) for step in (-1, 1))
         splits = (tuple(range(a, b) for a, b in zip(cuts, cuts[1:]))
                   for cuts in (sorted(m) for m in moved) if len(cuts) == pp + 1)
     setting = Setting(plan.batch_axis, plan.remat, plan.reduce_scatter, plan.schedule)
     for split in splits:
-        yield _plan(job, split, [s.device_ids for s in plan.stages], [(s.dp, s.op) for s in plan.stages], setting)
+        yield assemble(job, split, [s.device_ids for s in plan.stages], [(s.dp, s.op) for s in plan.stages], setting)
 
 
 # -- reports ---------------------------------------------------------------------------------
@@ -484,7 +358,7 @@ def _described(c: Candidate, devices_per_host: int) -> dict[str, Any]:
     return {"plan": manual_form(c.plan, devices_per_host), "predicted": c.estimate.breakdown()}
 
 
-def _no_fit_message(workload: Workload, priced: Sequence[Candidate]) -> str:
+def no_fit_message(workload: Workload, priced: Sequence[Candidate]) -> str:
     device = workload.profile.memory
     if priced:
         least = min(priced, key=lambda c: c.estimate.peak_bytes)

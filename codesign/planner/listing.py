@@ -1,9 +1,17 @@
-"""`codesign plan`: every plan of each (model, cluster, micro-batch count), ranked, as a table or CSV.
+"""`codesign plan`: the plans of each (model, cluster, micro-batch count), ranked, as a table or CSV.
+
+Each (model, cluster, micro-batch count) lists a block of plans per space (column `space`):
+- "Auto search groups=N", for each `num_auto_layers` of the Auto search specs with that
+  micro-batch count: the plans Auto search prices in that space (all of a small space; in a large
+  one, the dynamic program's proposals and their neighbours), in its order, so rank 1 is the plan
+  it chooses, marked with the specs' summaries;
+- "manual groups=L", where manual specs match the cluster with that micro-batch count: every plan
+  of the space with one layer group per layer that a manual spec could express, the config's
+  manual specs marked (and listed even when outside that space or the top K).
 
 Each row is one plan with its predicted seconds per iteration, peak memory per device and their
-breakdown, whether it fits, and its speed-up over plain data parallel (pp 1, dp = devices);
-the config's own manual specs are marked (and listed even when outside the space or the top K), and
-so is the plan each Auto search spec would choose (marked with the spec's summary).
+breakdown, whether it fits, and its speed-up over plain data parallel (pp 1, dp = devices) of its
+block.
 """
 
 from __future__ import annotations
@@ -13,21 +21,32 @@ import dataclasses
 import logging
 from typing import Iterable, Iterator, TextIO
 
-from codesign.errors import PlanError
-from codesign.planner.auto import choose_plan
-from codesign.planner.cost import Workload
-from codesign.planner.device_profiles import ProfileBook
-from codesign.planner.space import Priced, plan_space, price, rank_key, same_plan
-from codesign.config.loader import Config
 from codesign.config.hosts import Hosts, platform_for
 from codesign.config.jobs import matches
-from codesign.config.types import Job, ParallelSpec
+from codesign.config.loader import Config
+from codesign.config.types import ClusterSpec, Job, ParallelSpec
+from codesign.errors import PlanError
+from codesign.planner.auto import no_fit_message, price_space
+from codesign.planner.cost import Workload, estimate
+from codesign.planner.device_profiles import ProfileBook
+from codesign.planner.plan import make_plan, plan_name
+from codesign.planner.space import MANUAL, Candidate, all_plans, by_rank, rank_key, same_plan
 
 log = logging.getLogger(__name__)
 
-COLUMNS = ("model", "cluster", "micro_batches", "rank", "plan", "fits", "time_ms", "memory_gib",
+COLUMNS = ("model", "cluster", "micro_batches", "space", "rank", "plan", "fits", "time_ms", "memory_gib",
            "speedup_vs_dp", "compute_ms", "communication_ms", "bubble_ms", "optimizer_ms",
            "params_gib", "grads_gib", "adam_gib", "activations_gib", "workspace_gib", "manual")
+
+
+@dataclasses.dataclass(frozen=True)
+class Block:
+    """One space's plans for one job, ranked, and the config's specs each runs (by index)."""
+
+    job: Job
+    space: str
+    plans: list[Candidate]
+    marks: dict[int, list[str]]
 
 
 def plan_rows(config: Config, book: ProfileBook, top: int | None = None,
@@ -39,90 +58,93 @@ def plan_rows(config: Config, book: ProfileBook, top: int | None = None,
         for model in config.models:
             for micro in micro_batch_counts(config.parallels, cluster):
                 job = Job(model, cluster, config.training, ParallelSpec("plan", (micro,)), micro, platform)
-                yield from _space_rows(job, config, book, top)
+                for block in [*_auto_blocks(job, config, book), *_manual_blocks(job, config, book)]:
+                    yield from _rows(block, top)
 
 
-def micro_batch_counts(parallels: Iterable[ParallelSpec], cluster) -> list[int]:
+def micro_batch_counts(parallels: Iterable[ParallelSpec], cluster: ClusterSpec) -> list[int]:
     """Every num_micro_batches value of the specs that match the cluster."""
     return sorted({m for p in parallels if matches(p, cluster) for m in p.num_micro_batches})
 
 
-def _space_rows(job: Job, config: Config, book: ProfileBook, top: int | None) -> Iterator[dict[str, object]]:
-    workload = Workload.of(job, book.for_job(job), config.links)
-    space = plan_space(job, workload)
-    manual = _manual(job, workload, config.parallels) + _auto(job, book, config)
-    baseline = next((p for p in space if _plain_dp(p, job)), None)
-    marks: dict[int, list[str]] = {}
-    for spec, priced in manual:
-        match = next((i for i, p in enumerate(space) if same_plan(p.plan, priced.plan)), None)
-        if match is None:
-            space.append(priced)
-            match = len(space) - 1
-        marks.setdefault(match, []).append(spec.description)
-    order = sorted(range(len(space)), key=lambda i: rank_key(space[i]))
-    for rank, i in enumerate(order, 1):
-        if top is None or rank <= top or i in marks:
-            yield _row(job, rank, space[i], baseline, marks.get(i, []))
+def _specs(job: Job, config: Config, auto: bool) -> list[ParallelSpec]:
+    """The config's Auto search (or manual) specs that run on the job's cluster and micro-batch
+    count, each for that count alone."""
+    return [dataclasses.replace(p, num_micro_batches=(job.num_micro_batches,)) for p in config.parallels
+            if p.is_auto == auto and matches(p, job.cluster) and job.num_micro_batches in p.num_micro_batches]
 
 
-def _manual(job: Job, workload: Workload, parallels: Iterable[ParallelSpec]) -> list[tuple[ParallelSpec, Priced]]:
-    """The config's manual specs for this job's cluster and micro-batch count, priced."""
-    found = []
-    for spec in parallels:
-        if spec.is_auto or not matches(spec, job.cluster) or job.num_micro_batches not in spec.num_micro_batches:
-            continue
-        priced = price(job, workload, dataclasses.replace(spec, num_micro_batches=(job.num_micro_batches,)))
-        if priced is not None:
-            found.append((spec, priced))
-    return found
-
-
-def _auto(job: Job, book: ProfileBook, config: Config) -> list[tuple[ParallelSpec, Priced]]:
-    """The plan each Auto search spec of the config would choose for this job, priced."""
-    found = []
-    for spec in config.parallels:
-        if not spec.is_auto or job.num_micro_batches not in spec.num_micro_batches:
-            continue
-        concrete = dataclasses.replace(spec, num_micro_batches=(job.num_micro_batches,))
+def _auto_blocks(job: Job, config: Config, book: ProfileBook) -> Iterator[Block]:
+    """Per layer-group count of the Auto search specs: the plans Auto search prices, its choice
+    first (when any plan fits)."""
+    specs = _specs(job, config, auto=True)
+    for groups in dict.fromkeys(s.num_auto_layers for s in specs):
+        same = [s for s in specs if s.num_auto_layers == groups]
+        searched = dataclasses.replace(job, parallel=same[0])
+        workload = Workload.of(searched, book.for_job(searched), config.links)
         try:
-            best = choose_plan(dataclasses.replace(job, parallel=concrete), book, config.links).best()
+            plans = by_rank(price_space(searched, workload))
         except PlanError as err:
-            log.warning("%s on %s, %d micro-batches: %s", spec.summary(), job.cluster.summary(),
+            log.warning("%s on %s, %d micro-batches: %s", same[0].summary(), job.cluster.summary(),
                         job.num_micro_batches, err)
             continue
-        found.append((dataclasses.replace(spec, description=spec.summary()), Priced(concrete, best.plan, best.estimate)))
-    return found
+        chosen = bool(plans) and plans[0].estimate.fits
+        if not chosen:
+            log.warning("%s on %s, %d micro-batches: %s", same[0].summary(), job.cluster.summary(),
+                        job.num_micro_batches, no_fit_message(workload, plans))
+        yield Block(searched, f"Auto search groups={groups}", plans, {0: [s.summary() for s in same]} if chosen else {})
 
 
-def _plain_dp(p: Priced, job: Job) -> bool:
-    stage = p.plan.stages[0]
-    return (len(p.plan.stages) == 1 and stage.dp == job.cluster.num_devices and not p.plan.remat
-            and not p.plan.reduce_scatter)
+def _manual_blocks(job: Job, config: Config, book: ProfileBook) -> Iterator[Block]:
+    """Where manual specs run: the space's plans a manual spec could express, one group per
+    layer; each manual spec marked on its plan, which is added where the space lacks it."""
+    specs = _specs(job, config, auto=False)
+    if not specs:
+        return
+    groups = job.model.num_zhen_layers
+    spaced = dataclasses.replace(job, parallel=ParallelSpec("manual", (job.num_micro_batches,), groups))
+    workload = Workload.of(spaced, book.for_job(spaced), config.links)
+    plans = [Candidate(p, estimate(workload, p)) for p in all_plans(spaced, MANUAL)]
+    marks: dict[int, list[str]] = {}
+    for spec in specs:
+        try:
+            plan = make_plan(dataclasses.replace(job, parallel=spec))
+        except PlanError:
+            continue
+        match = next((i for i, c in enumerate(plans) if same_plan(c.plan, plan)), None)
+        if match is None:
+            plans.append(Candidate(plan, estimate(workload, plan)))
+            match = len(plans) - 1
+        marks.setdefault(match, []).append(spec.description)
+    order = sorted(range(len(plans)), key=lambda i: rank_key(plans[i]))
+    rank = {i: r for r, i in enumerate(order)}
+    yield Block(spaced, f"manual groups={groups}", [plans[i] for i in order],
+                {rank[i]: names for i, names in marks.items()})
 
 
-def _row(job: Job, rank: int, p: Priced, baseline: Priced | None, manual: list[str]) -> dict[str, object]:
-    e, mem = p.estimate, p.estimate.memory
+def _rows(block: Block, top: int | None) -> Iterator[dict[str, object]]:
+    """The block's top plans (all without top) and its marked ones, by rank."""
+    baseline = next((c for c in block.plans if _plain_dp(c, block.job)), None)
+    for i, candidate in enumerate(block.plans):
+        if top is None or i < top or i in block.marks:
+            yield _row(block, i + 1, candidate, baseline, block.marks.get(i, []))
+
+
+def _plain_dp(c: Candidate, job: Job) -> bool:
+    stage = c.plan.stages[0]
+    return (len(c.plan.stages) == 1 and stage.dp == job.cluster.num_devices and not c.plan.remat
+            and not c.plan.reduce_scatter)
+
+
+def _row(block: Block, rank: int, c: Candidate, baseline: Candidate | None, marks: list[str]) -> dict[str, object]:
+    e, mem, job = c.estimate, c.estimate.memory, block.job
     speedup = baseline.estimate.seconds / e.seconds if baseline and baseline.estimate.fits else None
     return {"model": job.model.summary(), "cluster": job.cluster.summary(), "micro_batches": job.num_micro_batches,
-            "rank": rank, "plan": p.spec.description if not manual else _name(p), "fits": e.fits,
+            "space": block.space, "rank": rank, "plan": plan_name(c.plan), "fits": e.fits,
             "time_ms": e.seconds * 1e3, "memory_gib": e.peak_bytes / 2**30, "speedup_vs_dp": speedup,
             "compute_ms": max(e.compute) * 1e3, "communication_ms": sum(e.communication.values()) * 1e3,
             "bubble_ms": e.bubble * 1e3, "optimizer_ms": e.optimizer * 1e3,
-            **{f"{k}_gib": v / 2**30 for k, v in mem.as_dict().items()}, "manual": "; ".join(manual)}
-
-
-def _name(p: Priced) -> str:
-    """E.g. "pp2 dp4 op1 1F1B contiguous"; where stages differ, per stage: "pp2 dp[2,1] op1 groups[1,3] ..."."""
-    plan, stages = p.plan, p.plan.stages
-    parts = [f"pp{len(stages)} dp{_per_stage([s.dp for s in stages])} op{_per_stage([s.op for s in stages])}"]
-    counts = [len(s.groups) for s in stages]
-    parts += [f"groups{_per_stage(counts)}"] * (len(set(counts)) > 1) + ["remat"] * plan.remat
-    parts += ["zero2"] * plan.reduce_scatter + ([plan.schedule] if len(plan.stages) > 1 else [])
-    return " ".join(parts + ["batch@op"] * (plan.batch_axis == "op") + [plan.placement])
-
-
-def _per_stage(values: list[int]) -> str:
-    return str(values[0]) if len(set(values)) == 1 else "[" + ",".join(map(str, values)) + "]"
+            **{f"{k}_gib": v / 2**30 for k, v in mem.as_dict().items()}, "manual": "; ".join(marks)}
 
 
 def _cell(value: object) -> str:

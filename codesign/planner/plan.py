@@ -91,6 +91,41 @@ class Plan:
             raise PlanError(f"malformed plan {data!r}: {err!r}") from None
 
 
+def plan_name(plan: Plan) -> str:
+    """The plan's short name, e.g. "pp2 dp[4,2] op1 layers[1,3] remat zero2 GPipe batch@op": a value
+    per stage where stages differ, defaults left out. Layer counts, not group counts, so that a
+    plan has one name whatever groups its space cut the layers into; the groups only under remat
+    (its regions), where they are not one per layer. Where stages are not consecutive devices in
+    order, how they lie: "tile[2,4]" (each on 2 runs of 4 devices, as host tiles are), else "placed"."""
+    stages = plan.stages
+    layers = [len(s.layers) for s in stages]
+    groups = [len(s.groups) for s in stages]
+    parts = [f"pp{len(stages)} dp{_per_stage([s.dp for s in stages])} op{_per_stage([s.op for s in stages])}"]
+    parts += [f"layers{_per_stage(layers)}"] * (len(set(layers)) > 1)
+    parts += [f"groups{_per_stage(groups)}"] * (plan.remat and groups != layers) + ["remat"] * plan.remat
+    parts += ["zero2"] * plan.reduce_scatter + [plan.schedule] * (len(stages) > 1)
+    return " ".join(parts + ["batch@op"] * (plan.batch_axis == "op") + _layout(stages))
+
+
+def _per_stage(values: list[int]) -> str:
+    return str(values[0]) if len(set(values)) == 1 else "[" + ",".join(map(str, values)) + "]"
+
+
+def _layout(stages: Sequence[StagePlan]) -> list[str]:
+    ids = [d for s in stages for d in s.device_ids]
+    if ids == list(range(len(ids))):  # contiguous blocks in stage order
+        return []
+    runs = {_runs(s.device_ids) for s in stages}
+    return [f"tile[{runs.pop()}]" if len(runs) == 1 and None not in runs else "placed"]
+
+
+def _runs(device_ids: Sequence[int]) -> str | None:
+    """"h,d" where the devices are h runs of d consecutive ids, else None."""
+    starts = [i for i, d in enumerate(device_ids) if i == 0 or d != device_ids[i - 1] + 1]
+    lengths = {b - a for a, b in zip(starts, [*starts[1:], len(device_ids)])}
+    return f"{len(starts)},{lengths.pop()}" if len(lengths) == 1 else None
+
+
 def make_plan(job: Job) -> Plan:
     """The concrete plan for a manual parallel spec; PlanError says why it cannot run."""
     parallel = job.parallel

@@ -53,6 +53,7 @@ from codesign.planner.cost import (
     stage_update,
 )
 from codesign.planner.plan import MESH_AXES, Plan, layer_groups
+from codesign.planner.plan import StagePlan, plan_name as describe_plan
 from codesign.planner.device_profiles import LAYER, DeviceProfile, ProfileBook, cluster_links
 from codesign.config.loader import Config, LinkSpec
 from codesign.config.jobs import matches
@@ -154,7 +155,8 @@ class Variant:
     zero: bool
 
     def describe(self) -> str:
-        return _describe(1, [self.dp], [self.op], False, self.zero, self.axis, "1F1B")
+        stage = StagePlan((), tuple(range(self.dp * self.op)), self.dp, self.op)
+        return describe_plan(Plan((stage,), 1, self.axis, False, self.zero, "1F1B", "chosen"))
 
 
 @dataclass(frozen=True)
@@ -478,25 +480,6 @@ def agreement(predicted: Sequence[float], measured: Sequence[float]) -> dict[str
 
 
 # -- output ---------------------------------------------------------------------------------------
-
-def describe_plan(plan: Plan) -> str:
-    stages = plan.stages
-    return _describe(len(stages), [s.dp for s in stages], [s.op for s in stages], plan.remat, plan.reduce_scatter,
-                     plan.batch_axis, plan.schedule, [len(s.groups) for s in stages])
-
-
-def _describe(pp: int, dp: list[int], op: list[int], remat: bool, zero: bool, axis: str, schedule: str,
-              groups: list[int] | None = None) -> str:
-    """E.g. "pp2 dp[4,2] op1 groups[1,2] remat zero2 GPipe batch@op"; defaults left out."""
-    def per_stage(values: list[int]) -> str:
-        return str(values[0]) if len(set(values)) == 1 else "[" + ",".join(map(str, values)) + "]"
-
-    parts = [f"pp{pp} dp{per_stage(dp)} op{per_stage(op)}"]
-    if groups and len(set(groups)) > 1:
-        parts.append(f"groups{per_stage(groups)}")
-    parts += ["remat"] * remat + ["zero2"] * zero + [schedule] * (pp > 1) + ["batch@op"] * (axis == "op")
-    return " ".join(parts)
-
 
 def write_toml(found: Candidates, rankings: Sequence[Ranking], top: int, out) -> None:
     """The top K of each target as `[[model]]` tables, each with its plan; a model already printed
