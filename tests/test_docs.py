@@ -8,8 +8,8 @@ What a block's check is comes from an HTML comment on the line before it (hidden
 - sh: `<!-- check: run -->`, each command runs and exits 0 (`run exit=N`: exits N; `run slow`: a
   slow test), in a scratch folder holding a results DB of every status; `<!-- check: dry-run -->`, each `codesign` command
   runs with `--dry-run` added; `<!-- check: parse REASON -->`, it cannot run here (a GPU, a
-  cluster): every flag of its `codesign` commands must be one that command's --help lists, and
-  every script it names must exist. An sh block without a check fails: every command is run or
+  cluster): it must be valid bash, every flag of its `codesign` commands one that command's
+  --help lists, and every script it names must exist. An sh block without a check fails: every command is run or
   parsed on purpose.
 - SQL: each query runs against that DB.
 """
@@ -179,6 +179,8 @@ def test_shell_block(block: Block, tmp_path: Path) -> None:
         check_parses(line)
     if check[0] == "parse":
         assert len(check) > 1, f"{block.id}: say why it cannot run here: <!-- check: parse REASON -->"
+        syntax = subprocess.run(["bash", "-n"], input=block.text, capture_output=True, text=True)
+        assert syntax.returncode == 0, f"{block.id}: {syntax.stderr}"
         return
     expected = next((int(word.removeprefix("exit=")) for word in check if word.startswith("exit=")), 0)
     env = scratch(tmp_path)
