@@ -9,7 +9,7 @@ Bytes are the kernel's operands and outputs, except that an operand a fused comp
 slices (through converts, bitcasts and reshapes) counts as the slices it reads: the flat
 parameter vector is read a slice at a time. Kernels inside while loops are not expanded (a
 micro-batch scan counts once). The roofline is a floor, not a forecast: on an H100 the seed
-step's kernels took 1.3-1.45x its roofline (bench/GPU_RESULTS.md); it ranks variants of a step.
+step's kernels took 1.3-1.45x its roofline (bench/RESULTS.md); it ranks variants of a step.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ _SLICES = re.compile(r" (slice|dynamic-slice)\(")
 
 # A GPU's roofline: HBM B/s (the data sheet's, profiles.DATA_SHEETS) and matmul FLOP/s by operand
 # dtype: what `codesign profile` measured, not the data sheet's (H100s: bf16 6.97e14-7.55e14, fp32 as
-# TF32 3.29e14-4.06e14; one H200, the same chip: 7.08e14-7.11e14 and 3.91e14-4.14e14; bench/GPU_RESULTS.md).
+# TF32 3.29e14-4.06e14; one H200, the same chip: 7.08e14-7.11e14 and 3.91e14-4.14e14; bench/RESULTS.md).
 HOPPER_MATMUL = {"bf16": 7.0e14, "f32": 3.7e14}
 GPU_ROOFLINES = {kind: (DATA_SHEETS[kind].bandwidth, HOPPER_MATMUL) for kind in ("H100", "H200")}
 

@@ -69,7 +69,7 @@ def test_collective_formulas():
 
 
 def test_the_builtin_h100_reproduces_the_measured_seed_step():
-    """bench/GPU_RESULTS.md: the seed model's default (flat) step at batch 1024 on one H100, bf16,
+    """bench/RESULTS.md (db0bc66): the seed model's default (flat) step at batch 1024 on one H100, bf16,
     93,492 samples/s, the DOT mixer as defined. (The per-leaf steps of ../shared/perf/README.md are
     no longer the default; the H100's flat fp32 step, 52,075 samples/s, is priced 11% fast.)"""
     measured_ms = 1024 / 93_492 * 1e3
@@ -96,7 +96,7 @@ def test_a_measured_builtin_gpu_prices_what_its_gpu_measured_of_two_models(kind)
 
 @pytest.mark.parametrize("precision, batch, peak_mib", [("bf16", 1024, 4164.3), ("fp32", 4096, 20081.6)])
 def test_builtin_gpus_price_the_compiled_peak_of_the_seed_step(precision, batch, peak_mib):
-    """bench/GPU_RESULTS.md (third session): XLA:GPU's memory analysis of the seed model's flat
+    """bench/RESULTS.md (the H100 at db0bc66): XLA:GPU's memory analysis of the seed model's flat
     step on an H100, the lowest and the highest of its eight jobs' shares (at an activation share
     of 1.0 the model priced them 43% and 47% over)."""
     predicted = priced(job(batch=batch, precision=precision)).peak_bytes / 2**20

@@ -62,7 +62,7 @@ class Config:
 class _Table:
     """One TOML table being read, so every error names where it came from."""
 
-    def __init__(self, path: str, name: str, data: dict[str, Any], known: set[str]):
+    def __init__(self, path: str, name: str, data: dict[str, Any], known: frozenset[str]):
         self.path, self.name, self.data = path, name, data
         unknown = sorted(set(data) - known)
         if unknown:
@@ -131,19 +131,19 @@ def load_config(path: str | Path) -> Config:
         raise ConfigError(path, "file", None, "not found") from None
     except tomllib.TOMLDecodeError as err:
         raise ConfigError(path, "file", None, f"invalid TOML: {err}") from None
-    top = _Table(path, "top level", raw,
-                 {"training_spec", "model", "cluster_spec", "parallel_spec", "ray", "links"})
+    top = _Table(path, "top level", raw, ACCEPTED_KEYS["top level"])
     for name in ("training_spec", "model", "cluster_spec", "parallel_spec"):
         if name not in raw:
             top.fail(name, "table is missing")
+    keys = ACCEPTED_KEYS
     return Config(
         path=path,
-        training=parse_training(_Table(path, "[training_spec]", raw["training_spec"], _TRAINING_KEYS)),
-        models=tuple(parse_model(_Table(path, f"[[model]] #{i + 1}", m, _MODEL_KEYS))
+        training=parse_training(_Table(path, "[training_spec]", raw["training_spec"], keys["training_spec"])),
+        models=tuple(parse_model(_Table(path, f"[[model]] #{i + 1}", m, keys["model"]))
                      for i, m in enumerate(_array(top, "model"))),
-        clusters=tuple(parse_cluster(_Table(path, f"[[cluster_spec]] #{i + 1}", c, _CLUSTER_KEYS))
+        clusters=tuple(parse_cluster(_Table(path, f"[[cluster_spec]] #{i + 1}", c, keys["cluster_spec"]))
                        for i, c in enumerate(_array(top, "cluster_spec"))),
-        parallels=tuple(parse_parallel(_Table(path, f"[[parallel_spec]] #{i + 1}", p, _PARALLEL_KEYS))
+        parallels=tuple(parse_parallel(_Table(path, f"[[parallel_spec]] #{i + 1}", p, keys["parallel_spec"]))
                         for i, p in enumerate(_array(top, "parallel_spec"))),
         ray=parse_ray(top),
         links=parse_links(top),
@@ -157,13 +157,21 @@ def _array(top: _Table, name: str) -> list[dict[str, Any]]:
     return value
 
 
-_TRAINING_KEYS = {"avg_batch_size_per_device", "num_iters", "learning_rate", "seed", "precision", "fold_dot",
-                  "min_measured_seconds"}
-_MODEL_KEYS = {"num_features", "emb_dim", "output_per_emb", "num_zhen_layers", "tokens"}
-_CLUSTER_KEYS = {"num_hosts", "num_devices_per_host", "transport", "platform", "device"}
-_PARALLEL_KEYS = {"description", "num_micro_batches", "num_auto_layers", "remat_layer", PP_DP_OP,
-                  "physical_mesh_shape", "auto_sharding_option", "host_ids", "device_ids",
-                  "pipeline_schedule", "auto_trials"}
+# The keys each TOML table accepts, in one place: the tables read them, and docs/configs.md
+# lists every one (tests/test_docs.py compares the two).
+ACCEPTED_KEYS: dict[str, frozenset[str]] = {
+    "top level": frozenset({"training_spec", "model", "cluster_spec", "parallel_spec", "ray", "links"}),
+    "training_spec": frozenset({"avg_batch_size_per_device", "num_iters", "learning_rate", "seed", "precision",
+                                "fold_dot", "min_measured_seconds"}),
+    "model": frozenset({"num_features", "emb_dim", "output_per_emb", "num_zhen_layers", "tokens"}),
+    "cluster_spec": frozenset({"num_hosts", "num_devices_per_host", "transport", "platform", "device"}),
+    "parallel_spec": frozenset({"description", "num_micro_batches", "num_auto_layers", "remat_layer", PP_DP_OP,
+                                "physical_mesh_shape", "auto_sharding_option", "host_ids", "device_ids",
+                                "pipeline_schedule", "auto_trials"}),
+    "parallel_spec.auto_sharding_option": frozenset(SHARDING_OPTIONS),
+    "ray": frozenset({"address", "max_concurrent"}),
+    "links.NAME": frozenset({"bandwidth", "latency"}),
+}
 
 
 def parse_ray(top: _Table) -> RaySettings:
@@ -171,7 +179,7 @@ def parse_ray(top: _Table) -> RaySettings:
         return RaySettings()
     if not isinstance(top.data["ray"], dict):
         top.fail("ray", "expected a [ray] table")
-    t = _Table(top.path, "[ray]", top.data["ray"], {"address", "max_concurrent"})
+    t = _Table(top.path, "[ray]", top.data["ray"], ACCEPTED_KEYS["ray"])
     address = t.data.get("address")
     if address is not None and (not isinstance(address, str) or not address.strip()):
         t.fail("address", f"expected \"local\", \"auto\" or HOST:PORT, got {address!r}")
@@ -188,7 +196,7 @@ def parse_links(top: _Table) -> tuple[LinkSpec, ...]:
     for name, table in value.items():
         if name not in TRANSPORTS or not isinstance(table, dict):
             top.fail("links", f"unknown link {name!r}; expected [links.NAME] with NAME from {list(TRANSPORTS)}")
-        t = _Table(top.path, f"[links.{name}]", table, {"bandwidth", "latency"})
+        t = _Table(top.path, f"[links.{name}]", table, ACCEPTED_KEYS["links.NAME"])
         links.append(LinkSpec(name, t.float("bandwidth", None), t.float("latency", None, minimum_exclusive=False)))
     return tuple(links)
 
@@ -280,7 +288,7 @@ def _sharding_options(t: _Table) -> tuple[tuple[str, Any], ...]:
     value = t.data.get("auto_sharding_option", {})
     if not isinstance(value, dict):
         t.fail("auto_sharding_option", "expected an inline table")
-    unknown = sorted(set(value) - set(SHARDING_OPTIONS))
+    unknown = sorted(set(value) - ACCEPTED_KEYS["parallel_spec.auto_sharding_option"])
     if unknown:
         t.fail("auto_sharding_option", f"unknown option {unknown[0]!r}; expected from {list(SHARDING_OPTIONS)}")
     dim = value.get("force_batch_dim_to_mesh_dim", 0)

@@ -35,7 +35,7 @@ FLAT_STATE = {"cpu": False, "gpu": True}
 # Elements from which a leaf stays its own array beside the flat vector (FlatView.whole), per
 # precision. In fp32, XLA:GPU copies a slice of the vector that a matmul reads as it is, 8 bytes an
 # element of HBM traffic, about 3 us per million at 3e12 B/s, where an array more in the step's call
-# costs the host about 5 us (bench/GPU_RESULTS.md), three of them a leaf (parameters, two moments).
+# costs the host about 5 us (bench/RESULTS.md), three of them a leaf (parameters, two moments).
 # The seed model's one such leaf, the first DOT mixer's 134M-row kernel, was a 1.07 GB copy a step
 # (XLA's H100 HLO: bench_step.py --target h100); one H200, seed fp32 batch 1024, same run: 16.55 ms a
 # step against 16.88 with it in the vector. In bf16 its cast reads the slice in place: no copy to

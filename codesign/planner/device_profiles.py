@@ -239,7 +239,7 @@ def _gpu(kind: str, sheet: DataSheet) -> DeviceProfile:
 # GPUs as `codesign profile` measured them (measured/KIND.json), in place of their data sheet's
 # profile, with the data sheet's memory: its mixer points span the widths and micro-batches a sweep
 # prices, where the data sheet's one efficiency was fitted to the seed model's step alone. The
-# H200's is the profile of bench/gpu_check.sh's run at ff78d00 (jax 0.11.2; bench/GPU_RESULTS.md):
+# H200's is the profile of bench/gpu_check.sh's run at ff78d00 (jax 0.11.2; bench/RESULTS.md):
 # it prices that run's eight CLI jobs (the seed model and F256 D64 O16, bf16 and fp32, batch 1024
 # and 4096) at a median time error of 6.3% (p90 10.9%), the data sheet's at 11.0% (p90 23.4%: the
 # F256 model's steps 11-27% short). tests/test_cost.py holds it to those jobs.
