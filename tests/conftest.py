@@ -1,5 +1,3 @@
-import contextlib
-import fcntl
 import json
 import os
 import sqlite3
@@ -29,43 +27,10 @@ SHARED_FIXTURES = REPO.parent / "shared" / "fixtures" / "user-configs"  # checke
 # one compilation cache, as a user's JAX_COMPILATION_CACHE_DIR makes every DB share it.
 FAST_XLA = "--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false"
 os.environ.setdefault("XLA_FLAGS", FAST_XLA)  # a test's subprocess imports this module with its own
-# The suite runs on pytest-xdist's workers (pyproject's addopts): one run's workers share this.
+# The suite runs on pytest-xdist's workers (pyproject's addopts): one run's workers share its cache.
 RUN_DIR = Path(tempfile.gettempdir()) / f"codesign-tests-{os.environ.get('PYTEST_XDIST_TESTRUNUID', os.getpid())}"
 RUN_DIR.mkdir(exist_ok=True)
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", str(RUN_DIR / "jax"))
-
-
-@contextlib.contextmanager
-def run_slot(alone: bool, folder: Path = RUN_DIR):
-    """Held while a test runs: shared, or with `alone` exclusive, among the run's workers (a
-    readers-writer lock on a file they share), behind a turnstile that an `alone` test holds
-    while it waits, so that the other workers' next tests queue behind it instead of starving it."""
-    with open(folder / "turnstile", "a") as turnstile, open(folder / "running", "a") as running:
-        fcntl.flock(turnstile, fcntl.LOCK_EX)
-        try:
-            fcntl.flock(running, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
-        finally:
-            fcntl.flock(turnstile, fcntl.LOCK_UN)
-        try:
-            yield
-        finally:
-            fcntl.flock(running, fcntl.LOCK_UN)
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """`alone` tests first, so that the first worker starts them before the other's tests are under
-    way: mid-run, the cost model's sweep waited 47-55 s for the other worker's current test to end.
-    xdist's worksteal hands each worker a contiguous half of this order; the other's first test,
-    from the middle, then waits the alone test's 30 s, as it did before."""
-    items.sort(key=lambda item: item.get_closest_marker("alone") is None)
-
-
-@pytest.fixture(autouse=True)
-def _alone_when_marked(request):
-    """A test marked `alone` (it times steps against the cost model) runs with no other test of
-    the run beside it; the rest run side by side on the workers."""
-    with run_slot(request.node.get_closest_marker("alone") is not None):
-        yield
 
 
 def db_rows(db) -> list[dict]:

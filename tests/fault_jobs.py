@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 
 import psutil
 
@@ -32,16 +33,37 @@ def process_age() -> float:
         return float(f.read().split()[0]) - started / os.sysconf("SC_CLK_TCK")
 
 
-def meet_until(jobs: int, deadline: float) -> None:
-    """Mark this job started in $FAULT_PIDS.started, then wait until `jobs` have or the deadline."""
+def wait_until(condition: Callable[[], bool], seconds: float = 30) -> None:
+    """Poll the condition until it holds or the seconds are up (the test then finds out which)."""
+    deadline = time.monotonic() + seconds
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def meet(jobs: int) -> None:
+    """Mark this job started in $FAULT_PIDS.started, then wait until `jobs` have."""
     started = os.environ["FAULT_PIDS"] + ".started"
     with open(started, "a") as f:
         f.write(f"{os.getpid()}\n")
-    while time.monotonic() < deadline:
+
+    def all_started() -> bool:
         with open(started) as f:
-            if len(f.readlines()) >= jobs:
-                return
-        time.sleep(0.05)
+            return len(f.readlines()) >= jobs
+
+    wait_until(all_started)
+
+
+def spare_beside() -> bool:
+    """Whether the executor that started this job (its guard's parent) has a spare process
+    (`codesign.run.warm`) other than this one, which may itself be a former spare."""
+    executor = psutil.Process(os.getppid()).parent()
+    for proc in executor.children(recursive=True):
+        try:
+            if proc.pid != os.getpid() and proc.cmdline()[1:3] == ["-m", "codesign.run.warm"]:
+                return True
+        except psutil.Error:
+            continue
+    return False
 
 
 def main(job_path: str, outcome_path: str) -> None:
@@ -74,11 +96,12 @@ def main(job_path: str, outcome_path: str) -> None:
         # "meet N LABEL": like sleep, but before ending wait (30 s at most) until N such jobs have
         # started, so jobs that run at once overlap however slowly their processes start
         start = time.time()
-        meet_until(int(behaviour.split()[1]), time.monotonic() + 30)
+        meet(int(behaviour.split()[1]))
         note(f"{start} {time.time()} {os.environ.get('CUDA_VISIBLE_DEVICES', '-')}")
     elif behaviour.startswith("whoami"):
-        # "whoami LABEL": which process ran it, when that process was created, when the job ended
-        time.sleep(1.0)
+        # "whoami LABEL": which process ran it, when that process was created, when the job ended;
+        # it ends once a spare process runs beside it (30 s at most), however slowly that one starts
+        wait_until(spare_beside)
         note(f"{behaviour.split()[1]} {os.getpid()} {time.time() - process_age()} {time.time()}")
     elif behaviour == "crash":
         print("about to crash", flush=True)

@@ -106,27 +106,32 @@ def test_the_outcome_file_is_replaced_whole(tmp_path):
 
 
 def test_a_db_locked_by_another_process_makes_the_sweep_wait_and_lose_nothing(tmp_path, fault_env):
+    """Another process holds the DB's write lock from before the sweep starts until the test
+    lets go of it (a line on its stdin): the sweep cannot finish meanwhile, then records everything."""
     db = tmp_path / "r.db"
     Store(db).close()
     holder = subprocess.Popen([sys.executable, "-c", (
-        "import sqlite3, sys, time\n"
+        "import sqlite3, sys\n"
         "conn = sqlite3.connect(sys.argv[1], isolation_level=None)\n"
         "conn.execute('BEGIN IMMEDIATE')\n"
         "conn.execute(\"INSERT INTO attempts (job_key, status) VALUES ('theirs', 'failed')\")\n"
         "print('locked', flush=True)\n"
-        "time.sleep(4)\n"
-        "conn.execute('COMMIT')\n"), str(db)], stdout=subprocess.PIPE, text=True)
+        "sys.stdin.readline()\n"
+        "conn.execute('COMMIT')\n"), str(db)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert holder.stdout.readline().strip() == "locked"
-    start = time.monotonic()
-    store = Store(db)
-    summary = run_sweep([fault_job("work 0.1"), fault_job("work 0.2")], store,
-                        LocalExecutor(job_module="tests.fault_jobs"), retry_failed=False, manual_timeout=60)
-    waited = time.monotonic() - start
-    assert holder.wait(timeout=30) == 0
-    assert summary.statuses == {"succeeded": 2}
-    assert sorted((r["job_key"] == "theirs", r["status"]) for r in store.attempts()) == \
+    found = {}
+    sweep = threading.Thread(target=lambda: found.update(summary=run_sweep(
+        [fault_job("work 0.1"), fault_job("work 0.2")], Store(db), LocalExecutor(job_module="tests.fault_jobs"),
+        retry_failed=False, manual_timeout=60)))
+    sweep.start()
+    sweep.join(timeout=4)  # the lock held for 4 s of the sweep's
+    assert sweep.is_alive() and found == {}  # still waiting for it, not given up
+    holder.communicate("release\n", timeout=30)
+    sweep.join(timeout=120)
+    assert holder.returncode == 0 and not sweep.is_alive()
+    assert found["summary"].statuses == {"succeeded": 2}
+    assert sorted((r["job_key"] == "theirs", r["status"]) for r in Store(db).attempts()) == \
         [(False, "succeeded"), (False, "succeeded"), (True, "failed")]
-    assert waited >= 3  # the lock was held for 4 s from before the sweep's first write
 
 
 @pytest.mark.parametrize("damage", ["not sqlite", "truncated"])
@@ -324,8 +329,11 @@ def test_a_stop_signal_during_record_loses_no_finished_result(tmp_path, fault_en
     real = Store.finish
 
     def finish(self, attempt_id, outcome, columns=None):
-        os.kill(os.getpid(), signal.SIGTERM)  # delivered now, in the middle of the write
-        time.sleep(0.2)
+        os.kill(os.getpid(), signal.SIGTERM)  # in the middle of the write: handled before it goes on
+        handled = time.monotonic() + 10
+        while stop.signum is None and time.monotonic() < handled:
+            time.sleep(0.01)
+        assert stop.signum == signal.SIGTERM
         return real(self, attempt_id, outcome, columns)
 
     monkeypatch.setattr(Store, "finish", finish)
