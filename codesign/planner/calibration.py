@@ -36,16 +36,11 @@ PROBE_MODELS = {"probe": (PROBE_WIDTHS, 2, tuple(MIXERS)), "wide": (WIDE_PROBE, 
 # collectives' latency keep their micro-benchmarks: fitted, they traded against the fixed costs.
 COMPONENTS = ("fixed", "flops", "memory", "sync", "contention")
 FACTOR_BOUNDS = (0.05, 20.0)
-# Seven probe steps, each a few % noisy, do not pin five factors alone: unpenalised, three fresh
-# profiles fitted all-reduce copies x8-x20 and fixed costs x0.31-0.41. Drawn toward the
-# micro-benchmarks (a factor of e costs as much as a 17% miss on one probe), six profiles' probe
-# steps, each refitted and priced on each of six cost sweeps (bench/cost_cpu.toml), gave a median
-# time error of 14.6% on average (13.7% on their own sweeps), against 17.7% (16.4%) drawn three
-# times as hard: that held memory traffic at x1.0-1.2 of the bandwidth micro-benchmark, where the
-# sweeps wanted more (memory alone x1.5: one sweep 18.4% -> 11.4%). Auto search's attempts on a
-# bench_auto sweep: 6.4% against 9.4%.
+# Seven noisy probe steps do not pin five factors alone: the fit draws each toward its
+# micro-benchmark (a factor of e costs as much as a 17% miss on one probe); the strength was
+# chosen on the cost sweeps of bench/cost_cpu.toml (bench/RESULTS.md).
 FACTOR_PRIOR = 0.03
-CONTENTION = 0.05  # the pipelines' contention on CPU the fit starts from: cost sweeps on 2-8 devices fit 0.05-0.07
+CONTENTION = 0.05  # where the fit of the pipelines' contention on CPU starts: what cost sweeps fit
 
 
 def probe_job(devices: int, pp_dp_op: tuple[int, int, int], micro: int, per_device: int,
@@ -63,9 +58,7 @@ def probe_jobs(devices: int) -> list[Job]:
     pipeline of 4 matmul-heavy layers, each stage operator parallel on 4. Each probe pins a factor
     (fixed costs and FLOPs: one device; memory: micro-batches; all-reduce copies: dp; contention:
     the pipeline). Each is a compile, the bulk of a CPU profile's time: no more of them than
-    that. Four more (dp and a pipeline on 2 devices, pp x dp x op and a 4-stage pipeline on 8)
-    were 38 of the probes' 80 CPU-seconds of compiles; refitted without them, two profiles priced
-    three cost sweeps no worse (median time error 18.7% against 19.4%, on average)."""
+    that (more probes priced the cost sweeps no better)."""
     small, large = PROBE_BATCHES
     plans = [(1, (1, 1, 1), 1, small), (1, (1, 1, 1), 1, large), (1, (1, 1, 1), 4, large),
              (1, (1, 1, 1), 1, small, "wide"), (2, (1, 2, 1), 1, small, "wide"), (8, (1, 8, 1), 1, small),

@@ -254,9 +254,8 @@ class LocalExecutor:
               running: Sequence[LocalRun] = (), then: Job | None = None) -> LocalRun:
         """Run the job under the plans given (the toolkit chose them; with several, the fastest
         as measured), else under its manual spec's; GPU jobs on the first free GPUs. A spare
-        process starts for `then`, the job likely next (else one like this one): a sweep's first
-        job on another cluster then starts warm too (the default config's first 2- and 4-device jobs
-        took 0.1-1.5 s more than the job before them with it, 1.8-2.9 s without)."""
+        process starts for `then`, the job likely next (else one like this one), so that a sweep's
+        first job on another cluster starts warm too."""
         gpus = self._gpus_for(job, self.free_gpus(running))
         env = self._env(job, gpus)
         spare, self.spare = self.spare, None

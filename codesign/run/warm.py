@@ -1,5 +1,5 @@
 """A job process started before its job, so that the next job does not wait for Python and JAX
-to import (1.2 s of a 7 s job of the default config on two CPU cores).
+to import (a large share of a small job's time).
 
 `python -m codesign.run.warm MODULE` imports what a job body needs, then reads one line from
 stdin: a JSON list [LOG, ARGS...]. It sends its output to LOG and runs `python -m MODULE ARGS...`
