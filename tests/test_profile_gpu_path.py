@@ -160,7 +160,7 @@ def test_with_pair_the_later_widths_time_two_vmapped_encoders_as_the_engine_call
     from codesign.planner.device_profiles import ENCODER_PAIR
     from codesign.zhen import counts
 
-    module, flops = mixer_module(ENCODER_PAIR, 8, 2, 4, jnp.float32)
+    module, flops = mixer_module(ENCODER_PAIR, 8, 2, 4, "fp32")
     assert flops == 2 * counts.mixer_work("ATTENTION", 8, 2, 4).flops
     z = jnp.ones((3, 4, 8))
     params = jax.eval_shape(module.init, jax.random.key(0), z)["params"]

@@ -52,7 +52,8 @@ from jax.sharding import PartitionSpec as P
 from scipy.optimize import nnls
 
 from codesign.engine.job import build_training, configure_jax, train_steps
-from codesign.engine.programs import DTYPES, StartingValues, batch_shapes, run_once_options
+from codesign.engine.options import EngineOptions, engine_options, run_once_options
+from codesign.engine.programs import DTYPES, StartingValues, batch_shapes
 from codesign.engine.step import accumulate, loss_fn
 from codesign.planner.calibration import (
     CONTENTION,
@@ -126,8 +127,7 @@ TRIP_FLOPS = 2e11  # ... fewer for a large body: about this much work a trip (un
 LOOP_REPEATS = 3  # short and long loops, in turn: the fastest of each
 MAX_TRIPS = 1024  # outer trips of a long loop at most (a body too fast to time on its own)
 FLAT_STEP_ARRAYS = 6  # what a GPU's step call takes (engine.step.FlatView): parameters, Adam's count
-# and two moments, the batch's x and y (3 more a leaf kept whole in fp32, engine.step.WHOLE_LEAF: the
-# seed model's 9); on an H100 a call of 64 arrays took 356-595 us, of 6-8 98-137 us
+# and two moments, the batch's x and y (3 more a leaf kept whole, EngineOptions.whole_leaf)
 
 
 @dataclass(frozen=True)
@@ -243,15 +243,18 @@ def stream_bandwidth(sizes: LoopSizes) -> float:
     return stream_bytes(sizes.stream) / seconds
 
 
-def mixer_module(kind: str, f_in: int, out: int, emb: int, dtype: Any) -> tuple[nn.Module, float]:
+def mixer_module(kind: str, f_in: int, out: int, emb: int, precision: str) -> tuple[nn.Module, float]:
     """The module timed for a kind, and its FLOPs per sample: a one-mixer ZHEN layer (for
-    ENCODER_PAIR a layer of two ATTENTION mixers), or for LAYER the layer's own (skip projection) work."""
+    ENCODER_PAIR a layer of two ATTENTION mixers) built as the engine builds it here, or for LAYER
+    the layer's own (skip projection) work."""
+    dtype = DTYPES[precision]
     if kind == LAYER:
         return nn.Dense(f_in, dtype=dtype), 2 * emb * f_in * f_in
+    options = engine_options(jax.default_backend(), precision)
     if kind == ENCODER_PAIR:
-        return (OneMixerLayer(("ATTENTION", "ATTENTION"), f_in, out, emb, dtype),
+        return (OneMixerLayer(("ATTENTION", "ATTENTION"), f_in, out, emb, options, dtype),
                 2 * counts.mixer_work("ATTENTION", f_in, out, emb).flops)
-    return OneMixerLayer((kind,), f_in, out, emb, dtype), counts.mixer_work(kind, f_in, out, emb).flops
+    return OneMixerLayer((kind,), f_in, out, emb, options, dtype), counts.mixer_work(kind, f_in, out, emb).flops
 
 
 @dataclass
@@ -276,7 +279,7 @@ def mixer_section(kind: str, precision: str, sizes: LoopSizes) -> MixerSection:
     dtype, bodies, makers, work, inners, kinds = DTYPES[precision], [], [], [], [], []
     for index, widths in enumerate(sizes.widths):
         timed = timed_kind(kind, index, sizes)
-        module, flops = mixer_module(timed, *widths, dtype)
+        module, flops = mixer_module(timed, *widths, precision)
         loss = jax.grad(backward_loss(module), argnums=(0, 1))
         for batch in sizes.batches:
             z = jax.ShapeDtypeStruct((batch, widths[2], widths[0]), dtype)
@@ -297,7 +300,7 @@ def mixer_section(kind: str, precision: str, sizes: LoopSizes) -> MixerSection:
             work.append(batch * flops)
             kinds.append(timed)
             inners += [inner_count(batch * flops), inner_count(3 * batch * flops)]
-    init = jax.jit(lambda: tuple(make() for make in makers), compiler_options=run_once_options())
+    init = jax.jit(lambda: tuple(make() for make in makers), compiler_options=run_once_options(jax.default_backend()))
     lowered = compiled(looped(bodies, inners)).lower(jax.eval_shape(init),
                                                      jax.ShapeDtypeStruct((len(makers),), jnp.int32))
     return MixerSection(lowered, init.lower(), work, inners, kinds)
@@ -483,7 +486,7 @@ def lowered_programs(parts: Parts, sizes: LoopSizes,
             yield (name, "init"), section.init.compile
     log.info("  (%d mixer sections traced and lowered in %.1f s, beside the compiles)", len(sections), lowering)
     if "scratch" not in parts.data:
-        yield ("scratch", "step"), functools.partial(scratch_step(sizes.widths[0]).compile, run_once_options())
+        yield ("scratch", "step"), functools.partial(scratch_step(sizes.widths[0]).compile, run_once_options(jax.default_backend()))
 
 
 def loop_profile(parts: Parts, sizes: LoopSizes) -> DeviceProfile:
@@ -574,7 +577,7 @@ def call_times(module: nn.Module, z: jax.Array, repeats: int) -> Bench[tuple[flo
 def mixer_times(kind: str, repeats: int) -> Bench[list[tuple[float, float]]]:
     """call_times of a kind's one-mixer layer at each of MIXER_BATCHES (fp32, probe widths)."""
     f_in, out, emb = PROBE_WIDTHS
-    module, _ = mixer_module(kind, f_in, out, emb, jnp.float32)
+    module, _ = mixer_module(kind, f_in, out, emb, "fp32")
     calls = [prepared(call_times(module, jax.device_put(drawn(jax.ShapeDtypeStruct((b, emb, f_in), jnp.float32), b)),
                                  repeats)) for b in MIXER_BATCHES]
     yield
@@ -586,7 +589,7 @@ def kind_rate(kind: str, times: list[tuple[float, float]], dispatch: float, peak
     activation traffic included (at most the device's matmul peak: noise can flatten a slope),
     intercept less the dispatch -> the fixed cost per call."""
     f_in, out, emb = PROBE_WIDTHS
-    _, flops = mixer_module(kind, f_in, out, emb, jnp.float32)
+    _, flops = mixer_module(kind, f_in, out, emb, "fp32")
     seconds = np.array(times)
 
     def fit(found: np.ndarray, work: float) -> tuple[float, float]:
@@ -607,12 +610,13 @@ class OneMixerLayer(nn.Module):
     f_in: int
     out: int
     emb: int
+    options: EngineOptions
     dtype: Any
 
     @nn.compact
     def __call__(self, z: jax.Array) -> jax.Array:
         spec = ModelSpec(self.f_in, self.emb, self.out, 1, (self.kinds,))
-        return network.ZhenBlock(spec, 0, self.dtype)((z, None))[1]
+        return network.ZhenBlock(spec, 0, self.options, self.dtype)((z, None))[1]
 
 
 def bandwidth(repeats: int, size: int = 2**21) -> Bench[float]:
@@ -660,7 +664,7 @@ def speedup(repeats: int) -> Bench[tuple[float, list[tuple[int, float]]]]:
     jax.block_until_ready(big(w, w))
     job = probe_job(1, (1, 1, 1), 1, SPEEDUP_SAMPLES)
     job = replace(job, model=replace(job.model, num_zhen_layers=1, tokens=job.model.tokens[:1]))
-    loss = loss_fn(job, ((0,),), False)
+    loss = loss_fn(job, ((0,),), False, engine_options(jax.default_backend(), job.training.precision))
     params = probe_params(job.model, (0,), job.training.seed)
 
     def local(params, x, y):
@@ -726,7 +730,7 @@ def update_scratch(widths: tuple[int, int, int]) -> float:
     training step (loss, gradients and Adam in one program, state donated), per its memory
     analysis of the probe model at one sample (activations negligible), without a DOT mixer
     (the cost model counts the folded DOT's backward scratch apart)."""
-    return scratch_fraction(scratch_step(widths).compile(run_once_options()), widths)
+    return scratch_fraction(scratch_step(widths).compile(run_once_options(jax.default_backend())), widths)
 
 
 def scratch_model(widths: tuple[int, int, int]) -> ModelSpec:
@@ -750,7 +754,7 @@ def scratch_step(widths: tuple[int, int, int]) -> Any:
               platform)
     params = nn.meta.unbox(jax.eval_shape(lambda k: network.init_params(model, k), jax.random.key(0)))
     optimizer = optax.adam(1e-3)
-    grad_fn = accumulate(loss_fn(job, ((0, 1),), False))
+    grad_fn = accumulate(loss_fn(job, ((0, 1),), False, engine_options(platform, job.training.precision)))
 
     def step(p, s, xs, ys):
         _, grads = grad_fn(p, xs, ys)
