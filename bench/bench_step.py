@@ -61,10 +61,11 @@ import reference_step
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from codesign.engine import probe, programs
+from codesign.engine import programs
 from codesign.engine import step as single_stage
 from codesign.engine.job import build_training, configure_jax
 from codesign.engine.options import EngineOptions, engine_options
+from codesign.engine.probe.compiles import cores_busy, cpu_seconds
 from codesign.planner.plan import MESH_AXES, make_plan
 from codesign.planner.device_profiles import builtin_kind
 from codesign.config.types import ClusterSpec, Job, ModelSpec, ParallelSpec, TrainingSpec
@@ -186,11 +187,11 @@ def compile_only(row: str, model_name: str, batch: int, precision: str, cache_di
     configure_jax(cache_dir)
     events: Counter = Counter()
     jax.monitoring.register_event_listener(lambda event, **_: events.update([event]))
-    cpu, start = probe.cpu_seconds(), time.perf_counter()
+    cpu, start = cpu_seconds(), time.perf_counter()
     seconds = compile_seconds(row, MODELS[model_name], batch, precision)
     return {"compile_s": seconds, "cache_hits": events["/jax/compilation_cache/cache_hits"],
             "cache_requests": events["/jax/compilation_cache/compile_requests_use_cache"],
-            "build": probe.cores_busy(probe.cpu_seconds() - cpu, time.perf_counter() - start)}
+            "build": cores_busy(cpu_seconds() - cpu, time.perf_counter() - start)}
 
 
 def recompile(row: str, model_name: str, batch: int, precision: str, cache_dir: str) -> dict:

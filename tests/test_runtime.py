@@ -100,7 +100,7 @@ def test_replicated_parameters_and_adams_state_are_flat_vectors_with_the_same_st
     it), not one per leaf each; losses, gradients and updated parameters are those of the
     per-leaf step."""
     from codesign.engine.options import engine_options
-    from codesign.engine.probe import FLAT_STEP_ARRAYS
+    from codesign.engine.probe.gpu_sections import FLAT_STEP_ARRAYS
     from tests.reference import assert_matches, differences, live_leaves, two_steps
 
     job = dataclasses.replace(JOB, training=dataclasses.replace(JOB.training, precision=precision))
