@@ -120,7 +120,7 @@ def test_bench_step_target_compiles_for_a_described_gpu_or_says_what_it_needs():
     if not cuda_plugin():
         assert done.returncode == 2 and done.stdout == "", done.stderr[-2000:]
         assert "--target h100 needs the CUDA build of JAX (pip install -e '.[gpu]'; no GPU needed)" in done.stderr
-        return
+        pytest.skip("no CUDA build of JAX here: checked the message naming what to install, not the GPU compile")
     assert done.returncode == 0, done.stderr[-3000:]
     assert "compiled for NVIDIA H100 80GB HBM3" in done.stdout
     for row in ("project", "reference"):
