@@ -1,6 +1,7 @@
 """op, dp with micro-batches (per leaf, and with a GPU's engine options: flat, also with a leaf
 whole beside the vector), the batch on op, ZeRO-2 and a pipeline of dp x op stages against the
-single-device reference (the fixture's dp and dp x op plans, and its pipelines, are test_pipeline.py's)."""
+single-device reference (the fixture's dp and dp x op plans, and its pipelines, are test_pipeline.py's);
+and one plan at XLA's default flags, as users' jobs compile."""
 
 import json
 
@@ -40,6 +41,10 @@ result["dp4 mb4 gpu options, a leaf whole"] = differences(two_steps(job(4, (1, 4
 print(json.dumps({"ref": reference["losses"], "live": sum(live), "leaves": len(live), "cases": result}))
 """
 
+DEFAULT_FLAGS_SCRIPT = SETUP + """
+print(json.dumps(differences(two_steps(job(4, (1, 2, 2), 2)), reference, live)))
+"""
+
 
 @pytest.mark.slow
 def test_parallel_plans_match_single_device_reference():
@@ -50,3 +55,11 @@ def test_parallel_plans_match_single_device_reference():
     for name, diff in out["cases"].items():
         assert_matches(name, diff)
 
+
+@pytest.mark.slow
+def test_a_dp_x_op_plan_matches_the_reference_at_xlas_default_flags():
+    """The suite compiles with little optimisation (FAST_XLA); a user's job compiles at XLA's
+    defaults, whose fusions and layouts differ: dp 2 x op 2 (parameters sharded over op, two
+    micro-batches accumulated) against the single-device reference, both compiled there."""
+    diff = json.loads(run_on_devices(4, DEFAULT_FLAGS_SCRIPT, xla_flags="").stdout.strip().splitlines()[-1])
+    assert_matches("dp2xop2 mb2 at default flags", diff)
