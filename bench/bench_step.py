@@ -5,12 +5,14 @@
     python bench/bench_step.py --model small --batch 8 --steps 1 --precision fp32   # smoke run
     python bench/bench_step.py --model seed --batch 1024 --precision bf16 --trace DIR --recompile
 
-Rows per precision and batch (--rows, in this order): `project` (the step codesign runs),
+Rows per precision and batch (--rows, in this order): `project` (the step codesign runs, built
+with the platform's engine.options.engine_options; each other project row changes one of them),
 `project-bias-add` (the encoders' first FFN bias added after its matmul, as a Dense does, instead of
-inside it: network.BIAS_IN_MATMUL; on CPU the two rows are one program), `project-serial` (its ATTENTION encoders one after another
-instead of one vmapped encoder per layer), `project-flat` and `project-leaves` (parameters and Adam's state as flat vectors,
-engine.step.FlatView, or one array per leaf: the default is flat on a GPU, per leaf on CPU), `project-one-vector`
-(flat, with no leaf kept whole beside the vector: engine.step.WHOLE_LEAF), `project-whole-leaf` (fp32's
+inside it: bias_in_matmul; on CPU the two rows are one program), `project-serial` (its ATTENTION
+encoders one after another instead of one vmapped encoder per layer: batch_encoders),
+`project-flat` and `project-leaves` (parameters and Adam's state as flat vectors, engine.step.FlatView,
+or one array per leaf: flat_state, by default flat on a GPU, per leaf on CPU), `project-one-vector`
+(flat, with no leaf kept whole beside the vector: whole_leaf), `project-whole-leaf` (fp32's
 large leaves kept whole in every precision: in bf16 its Adam update over the DOT kernel a kernel of
 its own), `project-fold` (with fold_dot, the DOT mixer over the Gram's upper blocks) and `reference`
 (reference_step.py: jax.numpy from DESIGN.md, optax.adam, one jit), then project/reference.
@@ -45,6 +47,7 @@ import time
 import traceback
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -58,9 +61,11 @@ import reference_step
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from codesign.engine import probe, programs
+from codesign.engine import programs
 from codesign.engine import step as single_stage
 from codesign.engine.job import build_training, configure_jax
+from codesign.engine.options import EngineOptions, engine_options
+from codesign.engine.probe.compiles import cores_busy, cpu_seconds
 from codesign.planner.plan import MESH_AXES, make_plan
 from codesign.planner.device_profiles import builtin_kind
 from codesign.config.types import ClusterSpec, Job, ModelSpec, ParallelSpec, TrainingSpec
@@ -118,29 +123,19 @@ def _timings(dispatch: Callable[[], None], sync: Callable[[], None], steps: int)
     return {"step_s": _median_step(run, steps), "loop_s": _looped_step(dispatch, sync, steps), "run": run}
 
 
-def project_training(model: ModelSpec, batch: int, precision: str, fold: bool) -> programs.Training:
-    job = _job(model, batch, precision, fold)
-    return build_training(job, make_plan(job))
-
-
 def project_variant(row: str, model: ModelSpec, batch: int, precision: str) -> programs.Training:
-    return as_row(row, lambda fold: project_training(model, batch, precision, fold))
+    """The project's step as the row names it, built for the device at hand."""
+    job = _job(model, batch, precision, row == "project-fold")
+    return build_training(job, make_plan(job), options=row_options(row, job.platform, precision))
 
 
-def as_row(row: str, build: Callable[[bool], Any]) -> Any:
-    """build(fold) with the project's step as the row names it (network.BATCH_ENCODERS and
-    BIAS_IN_MATMUL are read while tracing, single_stage.FLAT_STATE while building)."""
-    saved = network.BATCH_ENCODERS, network.BIAS_IN_MATMUL, single_stage.FLAT_STATE, single_stage.WHOLE_LEAF
-    network.BATCH_ENCODERS, network.BIAS_IN_MATMUL = row != "project-serial", row != "project-bias-add"
-    if row in ("project-flat", "project-leaves", "project-one-vector"):
-        single_stage.FLAT_STATE = dict.fromkeys(single_stage.FLAT_STATE, row != "project-leaves")
-    if row in ("project-one-vector", "project-whole-leaf"):
-        threshold = math.inf if row == "project-one-vector" else single_stage.WHOLE_LEAF["fp32"]
-        single_stage.WHOLE_LEAF = dict.fromkeys(single_stage.WHOLE_LEAF, threshold)
-    try:
-        return build(row == "project-fold")
-    finally:
-        network.BATCH_ENCODERS, network.BIAS_IN_MATMUL, single_stage.FLAT_STATE, single_stage.WHOLE_LEAF = saved
+def row_options(row: str, platform: str, precision: str) -> EngineOptions:
+    """The step's options as the row names them: the platform's own with one switch changed."""
+    changed = {"project-bias-add": {"bias_in_matmul": False}, "project-serial": {"batch_encoders": False},
+               "project-flat": {"flat_state": True}, "project-leaves": {"flat_state": False},
+               "project-one-vector": {"flat_state": True, "whole_leaf": math.inf},
+               "project-whole-leaf": {"whole_leaf": engine_options(platform, "fp32").whole_leaf}}
+    return replace(engine_options(platform, precision), **changed.get(row, {}))
 
 
 def bench_project(row: str, model: ModelSpec, batch: int, precision: str, steps: int) -> dict:
@@ -192,11 +187,11 @@ def compile_only(row: str, model_name: str, batch: int, precision: str, cache_di
     configure_jax(cache_dir)
     events: Counter = Counter()
     jax.monitoring.register_event_listener(lambda event, **_: events.update([event]))
-    cpu, start = profile.cpu_seconds(), time.perf_counter()
+    cpu, start = cpu_seconds(), time.perf_counter()
     seconds = compile_seconds(row, MODELS[model_name], batch, precision)
     return {"compile_s": seconds, "cache_hits": events["/jax/compilation_cache/cache_hits"],
             "cache_requests": events["/jax/compilation_cache/compile_requests_use_cache"],
-            "build": profile.cores_busy(profile.cpu_seconds() - cpu, time.perf_counter() - start)}
+            "build": cores_busy(cpu_seconds() - cpu, time.perf_counter() - start)}
 
 
 def recompile(row: str, model_name: str, batch: int, precision: str, cache_dir: str) -> dict:
@@ -256,11 +251,8 @@ def target_compile(row: str, model: ModelSpec, batch: int, precision: str, devic
         compiled = step.lower(params, placed(jax.eval_shape(optimizer.init, params)), x, y).compile()
         return compiled, time.perf_counter() - start
 
-    def build(fold: bool) -> single_stage.CompiledStage:
-        job = _job(model, batch, precision, fold, "gpu")
-        return single_stage.compile_single_stage(job, make_plan(job), mesh)
-
-    built = as_row(row, build)
+    job = _job(model, batch, precision, row == "project-fold", "gpu")
+    built = single_stage.compile_single_stage(job, make_plan(job), mesh, row_options(row, "gpu", precision))
     return built.compiled, built.compile_time
 
 

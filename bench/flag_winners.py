@@ -12,6 +12,7 @@ flag set's output, its first line "# XLA_FLAGS +FLAGS".
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -47,9 +48,17 @@ def combined(batch: int, part1: str, sets: list[str]) -> tuple[str, list[str]] |
     return (row, winners) if len(winners) + (row == LEAF_ROW) >= 2 else None
 
 
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("batch", type=int, help="the batch whose bf16 rows are compared")
+    parser.add_argument("part1", type=Path, help="part 1's bf16 output")
+    parser.add_argument("sets", type=Path, nargs="*", help="each flag set's output")
+    return parser
+
+
 def main(argv: list[str]) -> int:
-    batch, part1, *sets = argv
-    found = combined(int(batch), Path(part1).read_text(), [Path(s).read_text() for s in sets])
+    args = _parser().parse_args(argv)
+    found = combined(args.batch, args.part1.read_text(), [s.read_text() for s in args.sets])
     if found:
         print(found[0], *found[1])
     return 0

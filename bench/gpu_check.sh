@@ -26,7 +26,7 @@
 # left, and a part with less than 15 s left is skipped.
 # GPU_CHECK_PARTS="1 2 3 4" runs those parts alone (default: 1-6), for a device lease too short for all;
 # GPU_CHECK_ROWS="project-bias-add reference" adds bench_step rows to part 1 (a before/after in one run;
-# project-one-vector: no leaf kept whole beside the flat vector, engine.step.WHOLE_LEAF; project-whole-leaf: the
+# project-one-vector: no leaf kept whole beside the flat vector, EngineOptions.whole_leaf; project-whole-leaf: the
 # fp32 step's large leaves whole in bf16 too, so Adam updates the DOT kernel in a kernel of its own, traced too);
 # CODESIGN_PROFILE_PAIR=0 has part 2 time ATTENTION's later width as one encoder, not as the encoder pair
 # the engine runs (the default), and parts 3-4 price by it.

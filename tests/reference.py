@@ -29,11 +29,12 @@ def leaves(tree) -> list[np.ndarray]:
     return [np.asarray(x) for x in jax.tree.leaves(tree)]
 
 
-def two_steps(job, plan=None) -> dict:
+def two_steps(job, plan=None, options=None) -> dict:
     """Losses of two steps, first-step gradients, initial and final parameters, under the plan
-    given (else the job's manual plan). The gradients are those the step itself applied, read
-    from Adam's first moment after it (from zero, it moves to (1 - b1) x the gradients)."""
-    training = build_training(job, plan or make_plan(job))
+    given (else the job's manual plan), built with the engine options given (else the platform's).
+    The gradients are those the step itself applied, read from Adam's first moment after it (from
+    zero, it moves to (1 - b1) x the gradients)."""
+    training = build_training(job, plan or make_plan(job), options=options)
     initial = leaves(training.params())
     losses, _ = train_steps(training, 1)
     grads = [m / np.float32(1 - ADAM_B1) for m in leaves(training.first_moments())]

@@ -1,5 +1,5 @@
 """The profile's calibration: the factors fitted to real probe steps (planner/calibration.py,
-pure: its tests import no JAX) and the CPU probes that time them (engine/probe.py, in children)."""
+pure: its tests import no JAX) and the CPU probes that time them (engine/probe/, in children)."""
 
 import json
 import os
@@ -70,7 +70,7 @@ def test_a_component_no_probe_exercises_keeps_its_micro_benchmark():
 
 @pytest.mark.slow
 def test_the_shared_core_probe_times_the_probe_models_gradients_on_each_device_count():
-    out = run_on_devices(2, "import json\nfrom codesign.engine.probe import measured, speedup\n"
+    out = run_on_devices(2, "import json\nfrom codesign.engine.probe.cpu_benchmarks import measured, speedup\n"
                             "print(json.dumps(measured(speedup(1))))", xla_flags="").stdout.strip().splitlines()[-1]
     peak, points = json.loads(out)
     assert peak > 1e8 and [n for n, _ in points] == [1, 2]
@@ -82,7 +82,7 @@ def test_probe_steps_start_from_host_drawn_parameters_of_the_models_shapes_compi
     tree, shapes and dtypes of the model's own initialisation, without compiling its program."""
     out = run_on_devices(1, """
         import json, jax, numpy as np
-        from codesign.engine.probe import probe_params
+        from codesign.engine.probe.probe_steps import probe_params
         from codesign.engine.programs import initial_params
         from codesign.planner.calibration import probe_jobs
         compiles = []
@@ -110,7 +110,7 @@ def test_the_micro_benchmarks_time_calls_on_arrays_already_on_the_device():
     copied them in again would price every mixer call with a host transfer."""
     run_on_devices(2, """
         import jax
-        from codesign.engine.probe import link, measured, mixer_times, speedup
+        from codesign.engine.probe.cpu_benchmarks import link, measured, mixer_times, speedup
         with jax.transfer_guard_host_to_device("disallow"):
             for bench in (mixer_times("LINEAR", 1), mixer_times("DOT", 1), speedup(1), link(1)):
                 measured(bench)
@@ -118,7 +118,8 @@ def test_the_micro_benchmarks_time_calls_on_arrays_already_on_the_device():
 
 
 def test_the_cpu_link_latency_is_one_more_array_in_a_program_reducing_many():
-    code = "import json\nfrom codesign.engine.probe import link, measured\nprint(json.dumps(vars(measured(link(1)))))"
+    code = ("import json\nfrom codesign.engine.probe.cpu_benchmarks import link, measured\n"
+            "print(json.dumps(vars(measured(link(1)))))")
     found = json.loads(run_on_devices(2, code, xla_flags="").stdout.strip().splitlines()[-1])
     assert found["bandwidth"] > 1e7 and 1e-8 < found["latency"] < 1e-3
 
@@ -133,7 +134,7 @@ def test_the_fit_runs_without_jax():
 @pytest.mark.slow
 def test_probe_steps_on_fewer_devices_are_timed_in_a_child_that_sees_only_those(monkeypatch):
     """The child compiles its probe steps once, then times a round each time it is asked."""
-    from codesign.engine.probe import (  # JAX: here only
+    from codesign.engine.probe.probe_steps import (  # JAX: here only
         PROBE_ROUNDS,
         PROBE_SECONDS,
         ChildProbes,
@@ -158,7 +159,7 @@ def test_a_cpu_profile_compiles_every_program_before_it_times_any(tmp_path, monk
     probes; nothing is timed before every program (the children's too) is compiled."""
     from types import SimpleNamespace
 
-    from codesign.engine import probe as engine  # JAX: here only
+    from codesign.engine.probe import cpu_profile as engine  # JAX: here only
     from codesign.planner.device_profiles import LAYER, Link
     from codesign.config.types import MIXERS
 

@@ -1,4 +1,4 @@
-"""The GPU profile's path (engine/probe.py: work timed inside compiled loops, sections kept in
+"""The GPU profile's path (engine/probe/: work timed inside compiled loops, sections kept in
 OUT.json.parts), run on CPU at small sizes; and measured points, as the cost model prices them."""
 
 import dataclasses
@@ -62,7 +62,7 @@ def test_profiles_stored_without_points_load_and_price_as_before():
 
 
 def test_the_link_is_fitted_to_collective_times_as_the_cost_model_prices_them():
-    from codesign.engine.probe import fitted_link
+    from codesign.engine.probe.gpu_sections import fitted_link
 
     truth, n = Link(3e11, 8e-6), 8
     sizes = [2**k for k in range(20, 29, 2)]
@@ -78,13 +78,14 @@ def test_the_link_is_fitted_to_collective_times_as_the_cost_model_prices_them():
 
 @pytest.fixture
 def tiny():
-    from codesign.engine.probe import LoopSizes
+    from codesign.engine.probe.loops import LoopSizes
 
     return LoopSizes(64, 2**16, ((8, 2, 4),), (2, 8), (2**10, 2**12), 0.002)
 
 
 def test_loop_timing_gives_sane_positive_rates(tiny):
-    from codesign.engine.probe import GPU_LOOPS, matmul_carries, matmul_rates, stream_bandwidth, stream_bytes
+    from codesign.engine.probe.gpu_sections import matmul_carries, matmul_rates, stream_bandwidth, stream_bytes
+    from codesign.engine.probe.loops import GPU_LOOPS
 
     assert [[a.dtype.name for a in carry] for carry in matmul_carries(4)] == [["float32"] * 3, ["bfloat16"] * 3]
     rates = matmul_rates(tiny)
@@ -99,7 +100,7 @@ def test_one_slow_call_does_not_end_a_loops_growth():
     """A loop grows until its fastest long and short calls differ by the aim: one slow first long
     call once stopped it at one trip, where the fastest pair then differed by nothing (a tiny
     matmul at 3e19 FLOP/s in CI)."""
-    from codesign.engine.probe import MAX_TRIPS, loop_times
+    from codesign.engine.probe.loops import MAX_TRIPS, loop_times
 
     calls = []
 
@@ -115,7 +116,8 @@ def test_one_slow_call_does_not_end_a_loops_growth():
 
 @pytest.mark.slow
 def test_mixer_points_are_forward_and_backward_seconds_by_flops(tiny):
-    from codesign.engine.probe import compile_side_by_side, mixer_points, mixer_section, points_rate
+    from codesign.engine.probe.compiles import compile_side_by_side
+    from codesign.engine.probe.gpu_sections import mixer_points, mixer_section, points_rate
 
     sections = {kind: mixer_section(kind, "fp32", tiny) for kind in ("ATTENTION", "DOT")}
     programs = compile_side_by_side(((kind, part), getattr(section, part).compile) for kind, section in sections.items()
@@ -138,7 +140,7 @@ def test_each_mixers_backward_is_timed_against_a_random_cotangent(tiny):
     projection's matmul gradients into row sums, and the profile priced them at nothing."""
     import jax.numpy as jnp
 
-    from codesign.engine.probe import mixer_section
+    from codesign.engine.probe.gpu_sections import mixer_section
 
     section = mixer_section(LAYER, "bf16", tiny)
     forward, backward = section.init.compile()()[:2]  # each point: its forward's carry, its backward's
@@ -156,11 +158,12 @@ def test_with_pair_the_later_widths_time_two_vmapped_encoders_as_the_engine_call
     import jax
     import jax.numpy as jnp
 
-    from codesign.engine.probe import mixer_module, mixer_section
+    from codesign.engine.probe.gpu_sections import mixer_section
+    from codesign.engine.probe.mixers import mixer_module
     from codesign.planner.device_profiles import ENCODER_PAIR
     from codesign.zhen import counts
 
-    module, flops = mixer_module(ENCODER_PAIR, 8, 2, 4, jnp.float32)
+    module, flops = mixer_module(ENCODER_PAIR, 8, 2, 4, "fp32")
     assert flops == 2 * counts.mixer_work("ATTENTION", 8, 2, 4).flops
     z = jnp.ones((3, 4, 8))
     params = jax.eval_shape(module.init, jax.random.key(0), z)["params"]
@@ -181,7 +184,8 @@ def test_the_carries_are_patterned_values_without_a_random_generator(tiny):
     import jax
     import jax.numpy as jnp
 
-    from codesign.engine.probe import mixer_section, pattern
+    from codesign.engine.probe.gpu_sections import mixer_section
+    from codesign.engine.probe.loops import pattern
 
     section = mixer_section("ATTENTION", "bf16", tiny)
     compiled = section.init.compile()
@@ -202,7 +206,7 @@ def test_the_carries_are_patterned_values_without_a_random_generator(tiny):
 
 
 def test_the_pair_is_timed_unless_the_environment_says_0(monkeypatch):
-    from codesign.engine.probe import GPU_LOOPS, PAIR_ENV, loop_sizes
+    from codesign.engine.probe.loops import GPU_LOOPS, PAIR_ENV, loop_sizes
 
     monkeypatch.delenv(PAIR_ENV, raising=False)
     assert loop_sizes("gpu") == GPU_LOOPS and GPU_LOOPS.pair
@@ -212,7 +216,7 @@ def test_the_pair_is_timed_unless_the_environment_says_0(monkeypatch):
 
 
 def test_compile_spans_list_every_program_in_the_order_it_finished():
-    from codesign.engine.probe import compile_spans
+    from codesign.engine.probe.compiles import compile_spans
 
     spans = {("fp32", "DOT", "lowered"): (0.0, 9.5), ("fp32", "DOT", "init"): (0.1, 2.0), ("scratch",): (2.2, 3.0)}
     assert compile_spans(spans) == ("in the order done, start+seconds: fp32 DOT init 0.1+2.0, scratch 2.2+3.0, "
@@ -225,7 +229,7 @@ def test_the_compile_log_says_how_busy_the_cores_were_counting_a_compiler_run_as
     import subprocess
     import sys
 
-    from codesign.engine.probe import compile_side_by_side, cores_busy, cpu_seconds
+    from codesign.engine.probe.compiles import compile_side_by_side, cores_busy, cpu_seconds
 
     before = cpu_seconds()
     busy_child = "import time\nend = time.process_time() + 0.3\nwhile time.process_time() < end: pass"
@@ -247,7 +251,8 @@ def test_the_compile_log_says_how_busy_the_cores_were_counting_a_compiler_run_as
 
 
 def test_past_the_largest_point_the_rate_is_that_widths_own_marginal_rate():
-    from codesign.engine.probe import inner_count, points_rate
+    from codesign.engine.probe.gpu_sections import points_rate
+    from codesign.engine.probe.loops import inner_count
 
     # Two widths of about the same FLOPs, each at micro-batches 128 and 1024 (ratio 1/8).
     forward = ((0.9e9, 9e-5), (1e9, 1e-4), (7.2e9, 7e-4), (8e9, 8e-4))
@@ -263,7 +268,7 @@ def test_each_sections_programs_are_handed_to_the_compiler_before_the_next_secti
     """lowered_programs yields a section's two compiles as soon as it is lowered (compile_side_by_side
     starts them while the next is traced), skips the sections the parts file holds, and ends with
     the scratch step."""
-    from codesign.engine import probe as engine
+    from codesign.engine.probe import gpu_sections as engine
 
     events = []
 
@@ -289,7 +294,7 @@ def test_each_sections_programs_are_handed_to_the_compiler_before_the_next_secti
 
 
 def test_sections_are_saved_as_they_come_and_a_rerun_measures_only_what_is_missing(tmp_path, tiny, monkeypatch):
-    from codesign.engine import probe as engine
+    from codesign.engine.probe import gpu_sections as engine
 
     path = tmp_path / "p.json.parts"
     parts = engine.Parts(path)
@@ -313,7 +318,7 @@ def test_sections_are_saved_as_they_come_and_a_rerun_measures_only_what_is_missi
     monkeypatch.setattr(engine, "mixer_section", fake_section)
     monkeypatch.setattr(engine, "compile_side_by_side", lambda lowered: {name: None for name, _ in lowered})
     monkeypatch.setattr(engine, "mixer_points", lambda program, section, sizes: points)
-    for name in ("matmul_rates", "stream_bandwidth", "dispatch_time", "update_scratch", "collective_times"):
+    for name in ("matmul_rates", "stream_bandwidth", "dispatch_time", "scratch_fraction", "collective_times"):
         monkeypatch.setattr(engine, name, never)
     profile = engine.loop_profile(engine.Parts(path), tiny)
     assert measured == [(LAYER, "bf16")]
@@ -331,7 +336,8 @@ def test_sections_are_saved_as_they_come_and_a_rerun_measures_only_what_is_missi
 def test_collectives_are_timed_in_one_loop_over_every_local_device():
     code = """
         import json
-        from codesign.engine.probe import LoopSizes, collective_times, fitted_link
+        from codesign.engine.probe.gpu_sections import collective_times, fitted_link
+        from codesign.engine.probe.loops import LoopSizes
         found = collective_times(LoopSizes(64, 2**16, ((8, 2, 4),), (2,), (2**12, 2**16), 0.002))
         print(json.dumps([found, vars(fitted_link(found, 2))]))
     """

@@ -4,8 +4,9 @@ import jax.numpy as jnp
 import pytest
 
 from bench import reference_step
-from codesign.engine import programs
 from codesign.config.types import ModelSpec
+from codesign.engine import programs
+from codesign.engine.options import engine_options
 from codesign.zhen import counts, network
 
 SPEC = ModelSpec(12, 6, 3, 3, (("DOT", "CONVOLUTION"), ("ATTENTION", "DOT"), ("LINEAR", "ATTENTION", "LINEAR")))
@@ -18,7 +19,7 @@ def test_reference_step_has_the_project_loss_and_gradients_at_init():
     y = jax.random.normal(jax.random.key(2), (5, counts.output_width(SPEC)))
 
     def project(p):
-        return programs.mse(network.forward(SPEC, p, x), y)
+        return programs.mse(network.forward(SPEC, p, x, engine_options("cpu", "fp32")), y)
 
     (ref, g_ref), (own, g_own) = (jax.jit(jax.value_and_grad(f))(params)
                                   for f in (lambda p: reference_step.loss(SPEC, p, x, y), project))

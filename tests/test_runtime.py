@@ -93,26 +93,23 @@ def test_an_auto_search_job_without_a_chosen_plan_is_invalid():
 
 
 @pytest.mark.parametrize("whole_leaf, precision, whole", [
-    ({"fp32": 2**23, "bf16": math.inf}, "fp32", 0), ({"fp32": 2**21, "bf16": math.inf}, "fp32", 1),
-    ({"fp32": 2**21, "bf16": math.inf}, "bf16", 0), ({"fp32": math.inf, "bf16": 2**21}, "bf16", 1)])
-def test_replicated_parameters_and_adams_state_are_flat_vectors_with_the_same_step(monkeypatch, whole_leaf,
-                                                                                   precision, whole):
+    (2**23, "fp32", 0), (2**21, "fp32", 1), (math.inf, "bf16", 0), (2**21, "bf16", 1)])
+def test_replicated_parameters_and_adams_state_are_flat_vectors_with_the_same_step(whole_leaf, precision, whole):
     """One device: the step takes 4 arrays of state (parameters, Adam's count and moments) and 3
-    more per leaf kept whole (the model's DOT kernel of 2^21 elements, with its precision's
-    WHOLE_LEAF lowered to it), not one per leaf each; losses, gradients and updated parameters
-    are those of the per-leaf step."""
-    from codesign.engine import step as single_stage
-    from codesign.engine.probe import FLAT_STEP_ARRAYS
+    more per leaf kept whole (the model's DOT kernel of 2^21 elements, with whole_leaf lowered to
+    it), not one per leaf each; losses, gradients and updated parameters are those of the
+    per-leaf step."""
+    from codesign.engine.options import engine_options
+    from codesign.engine.probe.gpu_sections import FLAT_STEP_ARRAYS
     from tests.reference import assert_matches, differences, live_leaves, two_steps
 
-    monkeypatch.setattr(single_stage, "WHOLE_LEAF", whole_leaf)
     job = dataclasses.replace(JOB, training=dataclasses.replace(JOB.training, precision=precision))
     states = {}
     for flat in (True, False):
-        monkeypatch.setattr(single_stage, "FLAT_STATE", {"cpu": flat})
-        states[flat] = len(jax.tree.leaves(job_body.build_training(job, make_plan(job)).state))
+        options = dataclasses.replace(engine_options("cpu", precision), flat_state=flat, whole_leaf=whole_leaf)
+        states[flat] = len(jax.tree.leaves(job_body.build_training(job, make_plan(job), options=options).state))
         runs = states.setdefault("runs", {})
-        runs[flat] = two_steps(job)
+        runs[flat] = two_steps(job, options=options)
     assert states[True] == 4 + 3 * whole < states[False]
     assert states[True] + 2 == FLAT_STEP_ARRAYS + 3 * whole  # and the batch's x and y: what a GPU profile's call takes
     per_leaf = states["runs"][False]

@@ -27,6 +27,7 @@ from jax.experimental import multihost_utils
 
 from codesign.engine import pipeline, programs
 from codesign.engine.energy import open_energy_meter
+from codesign.engine.options import EngineOptions, engine_options
 from codesign.engine.programs import DoesNotFit
 from codesign.engine.step import build_single_stage
 from codesign.errors import PlanError
@@ -41,12 +42,13 @@ log = logging.getLogger(__name__)
 TRIAL_STEPS = 8
 
 
-def build_training(job: Job, plan: Plan, values: programs.StartingValues = programs.JOB_VALUES
-                   ) -> programs.Training:
-    """The plan's training iteration, compiled (and its memory analysed) before it runs."""
+def build_training(job: Job, plan: Plan, values: programs.StartingValues = programs.JOB_VALUES,
+                   options: EngineOptions | None = None) -> programs.Training:
+    """The plan's training iteration, compiled (and its memory analysed) before it runs, built as
+    `options` say (by default as engine_options chooses for its devices and the job's precision)."""
     if len(plan.stages) > 1:
-        return pipeline.build_pipeline(job, plan, values)
-    return build_single_stage(job, plan, values)
+        return pipeline.build_pipeline(job, plan, values, options)
+    return build_single_stage(job, plan, values, options)
 
 
 def train_steps(training: programs.Training, steps: int, min_seconds: float = 0.0) -> tuple[list[float], list[float]]:
@@ -111,10 +113,11 @@ def run_job(job: Job, chosen: Sequence[Plan] = ()) -> Outcome:
         plans = list(chosen) or [make_plan(job)]
     except PlanError as err:
         return Outcome(INVALID, error=str(err))
-    trials = [trial(job, plan) for plan in plans] if len(plans) > 1 else []
+    options = engine_options(jax.default_backend(), job.training.precision)
+    trials = [trial(job, plan, options) for plan in plans] if len(plans) > 1 else []
     timed = [(t["measured_time"], i) for i, t in enumerate(trials) if t["measured_time"] is not None]
     plan = plans[min(timed)[1] if timed else 0]
-    outcome = run_plan(job, plan)
+    outcome = run_plan(job, plan, options)
     if chosen:
         outcome.chosen_plan = plan.to_dict()
     if trials:
@@ -122,23 +125,23 @@ def run_job(job: Job, chosen: Sequence[Plan] = ()) -> Outcome:
     return outcome
 
 
-def trial(job: Job, plan: Plan) -> dict[str, Any]:
+def trial(job: Job, plan: Plan, options: EngineOptions) -> dict[str, Any]:
     """A few steps of one candidate plan (all_configs["auto_trials"]): the plan in the manual
     spec's columns, its median step time after the first, or why it could not run."""
     columns = {**plan_columns(plan, job.cluster.num_devices_per_host),
                "layers": [list(s.layers) for s in plan.stages]}
     try:
-        _, times = train_steps(build_training(job, plan), TRIAL_STEPS)
+        _, times = train_steps(build_training(job, plan, options=options), TRIAL_STEPS)
     except Exception as err:  # a plan that fails its trial just loses it
         return {**columns, "measured_time": None, "error": f"{type(err).__name__}: {str(err)[:500]}"}
     log.info("trial of %s: %.4f s per step", columns["pp_dp_op"], float(np.median(times[1:])))
     return {**columns, "measured_time": float(np.median(times[1:]))}
 
 
-def run_plan(job: Job, plan: Plan) -> Outcome:
+def run_plan(job: Job, plan: Plan, options: EngineOptions) -> Outcome:
     """Compile, train and measure a checked plan; whatever goes wrong becomes the outcome."""
     try:
-        training = build_training(job, plan)
+        training = build_training(job, plan, options=options)
         devices = [jax.devices()[i] for s in plan.stages for i in s.device_ids]
         local = [d for d in devices if d.process_index == jax.process_index()]  # others' stats are theirs
         losses, times, energy = measure_steps(training, job, local)

@@ -33,6 +33,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from codesign.engine import programs
+from codesign.engine.options import EngineOptions
 from codesign.planner.plan import Plan, StagePlan
 from codesign.planner.schedule import FORWARD, dispatch_order, max_in_flight
 from codesign.config.types import Job
@@ -127,12 +128,12 @@ class _VjpLayout:
 
 
 def stage_programs(job: Job, plan: Plan, index: int, activations: NamedSharding,
-                   grad_shardings: dict) -> tuple[Callable, Callable]:
+                   grad_shardings: dict, options: EngineOptions) -> tuple[Callable, Callable]:
     """The stage's (forward, backward) functions, to be jitted; see the module docstring. Where
     the stage syncs once (deferred_axis), each batch shard runs them on its own samples
     (_per_shard): its gradients accumulate apart, on a leading axis, until the update."""
     stage, last = plan.stages[index], index == len(plan.stages) - 1
-    apply = programs.apply_groups(job, stage.groups, plan.remat)
+    apply = programs.apply_groups(job, stage.groups, plan.remat, options)
     if not plan.remat:  # remat keeps each group's input alone: a policy around it would save the rest again
         apply = jax.checkpoint(apply, policy=saved_residual)
     dtype = programs.DTYPES[job.training.precision]
@@ -231,10 +232,11 @@ def manual_axes(mesh, axis: str) -> set[str]:
     return {axis} | {name for name, size in mesh.shape.items() if size == 1}
 
 
-def build_pipeline(job: Job, plan: Plan, values: programs.StartingValues = programs.JOB_VALUES) -> Pipeline:
+def build_pipeline(job: Job, plan: Plan, values: programs.StartingValues = programs.JOB_VALUES,
+                   options: EngineOptions | None = None) -> Pipeline:
     """Compile every stage (forward, backward, update), check that the plan fits, then place and
     initialise the stages' state: a plan that cannot fit fails before anything is allocated."""
-    built = compile_pipeline(job, plan, [programs.stage_mesh(s) for s in plan.stages])
+    built = compile_pipeline(job, plan, [programs.stage_mesh(s) for s in plan.stages], options)
     programs.ensure_fits(built.memory)
     first, last = built.stages[0], built.stages[-1]
     x, y = values.batch(job, plan.num_micro_batches, *built.batch)
@@ -271,9 +273,11 @@ class CompiledPipeline:
     memory: dict[str, Any]
 
 
-def compile_pipeline(job: Job, plan: Plan, meshes: list[Mesh]) -> CompiledPipeline:
+def compile_pipeline(job: Job, plan: Plan, meshes: list[Mesh], options: EngineOptions | None = None
+                     ) -> CompiledPipeline:
     """Every stage compiled on abstract arrays, beside the others (the meshes' devices need not be
     attached: bench/target_plans.py compiles for GPUs it only describes), with its predicted peak."""
+    options = programs.mesh_options(job, meshes[0], options)
     last = len(meshes) - 1
     optimizer = optax.adam(job.training.learning_rate)
     activations = [programs.batch_sharding(mesh, plan) for mesh in meshes]
@@ -282,7 +286,7 @@ def compile_pipeline(job: Job, plan: Plan, meshes: list[Mesh]) -> CompiledPipeli
     lowered, arriving = [], (_micro_batch(x, activations[0]),)
     for index, mesh in enumerate(meshes):
         inputs = arriving + ((_micro_batch(y, activations[last]),) if index == last else ())
-        lowered.append(_lower_stage(job, plan, index, mesh, activations[index], inputs, optimizer))
+        lowered.append(_lower_stage(job, plan, index, mesh, activations[index], inputs, optimizer, options))
         if index < last:
             arriving = (_on(lowered[-1].forward.out_info[0], activations[index + 1]),)
     one = jax.ShapeDtypeStruct((), jnp.float32, sharding=NamedSharding(meshes[last], P()))
@@ -317,7 +321,7 @@ class LoweredStage:
 
 
 def _lower_stage(job: Job, plan: Plan, index: int, mesh: Mesh, activations: NamedSharding, inputs: tuple,
-                 optimizer: optax.GradientTransformation) -> LoweredStage:
+                 optimizer: optax.GradientTransformation, options: EngineOptions) -> LoweredStage:
     stage = plan.stages[index]
     abstract, shardings = programs.stage_parameters(job, plan, stage, mesh)
     grad_shardings = programs.gradient_shardings(plan, shardings, abstract)
@@ -326,7 +330,7 @@ def _lower_stage(job: Job, plan: Plan, index: int, mesh: Mesh, activations: Name
     accumulator, sum_shardings = (abstract, grad_shardings) if axis is None else _per_shard_sum(abstract, shardings, axis)
     state = programs.placed_shapes((abstract, jax.eval_shape(optimizer.init, abstract), accumulator),
                                    (shardings, opt_shardings, sum_shardings))
-    forward, backward = stage_programs(job, plan, index, activations, grad_shardings)
+    forward, backward = stage_programs(job, plan, index, activations, grad_shardings, options)
     summed = summed_gradients(mesh, axis)
 
     def update(params, opt_state, grads):

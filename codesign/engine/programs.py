@@ -23,8 +23,9 @@ import optax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from codesign.planner.plan import MESH_AXES, Plan, StagePlan
 from codesign.config.types import Job, ModelSpec
+from codesign.engine.options import EngineOptions, engine_options, run_once_options
+from codesign.planner.plan import MESH_AXES, Plan, StagePlan
 from codesign.zhen import counts, network
 
 DTYPES = {"fp32": jnp.float32, "bf16": jnp.bfloat16}
@@ -72,9 +73,8 @@ def stage_parameters(job: Job, plan: Plan, stage: StagePlan, mesh: Mesh) -> tupl
 def initial_params(model: ModelSpec, layers: tuple[int, ...], seed: int) -> dict:
     """The initial parameters of a stage's layers, unsharded on one device: one program per
     model and stage whatever the plan, so a process compiles it once (and the persistent cache
-    serves it to the next job). Its random draws unroll into ~500 fusions: XLA:CPU compiled an
-    8-layer test model's in 4.0 s, or 2.3 s at the lowest backend optimisation, which leaves a
-    program run once 12 ms instead of 3 (run_once_options)."""
+    serves it to the next job). Its random draws unroll into ~500 fusions, so it compiles with
+    run_once_options: much less to compile, for a program run once."""
     return _initial_params_program()(model, layers, seed)
 
 
@@ -83,15 +83,13 @@ def _initial_params_program() -> Callable[[ModelSpec, tuple[int, ...], int], dic
     def initial(model: ModelSpec, layers: tuple[int, ...], seed: int) -> dict:
         return nn.meta.unbox(network.init_params(model, jax.random.key(seed), layers=layers))
 
-    return jax.jit(initial, static_argnums=(0, 1, 2), compiler_options=run_once_options())
+    return jax.jit(initial, static_argnums=(0, 1, 2), compiler_options=run_once_options(jax.default_backend()))
 
 
-def run_once_options() -> dict[str, Any]:
-    """Compiler options for a program run once or only analysed (initial values, synthetic data,
-    a memory analysis): on XLA:CPU its backend's lowest optimisation level, about half the
-    compile; on a GPU no autotuning of its matmuls (a default kernel serves one call, and
-    buffers are assigned the same)."""
-    return {"xla_backend_optimization_level": 0} if jax.default_backend() == "cpu" else {"xla_gpu_autotune_level": 0}
+def mesh_options(job: Job, mesh: Mesh, options: EngineOptions | None = None) -> EngineOptions:
+    """`options`, or where none are given, engine_options' for the mesh's platform and the job's
+    precision (a builder called without them builds what a job builds)."""
+    return options or engine_options(mesh.devices.flat[0].platform, job.training.precision)
 
 
 def init_state(job: Job, stage: StagePlan, optimizer: optax.GradientTransformation,
@@ -212,7 +210,7 @@ def synthetic_batch(job: Job, micro_batches: int, x_sharding: NamedSharding,
         y = jax.random.normal(key(1), (b, counts.output_width(m)), jnp.float32)
         return y.reshape(micro_batches, b // micro_batches, -1)
 
-    options = run_once_options()
+    options = run_once_options(jax.default_backend())
     return (jax.jit(inputs, out_shardings=x_sharding, compiler_options=options)(),
             jax.jit(targets, out_shardings=y_sharding, compiler_options=options)())
 
@@ -230,12 +228,12 @@ class StartingValues:
 JOB_VALUES = StartingValues()
 
 
-def apply_groups(job: Job, groups: tuple[tuple[int, ...], ...], remat: bool):
+def apply_groups(job: Job, groups: tuple[tuple[int, ...], ...], remat: bool, options: EngineOptions):
     """(params, carry) -> carry through the layer groups, each group a jax.checkpoint region with remat."""
     dtype = DTYPES[job.training.precision]
 
     def apply_group(layers, params, carry):
-        return network.apply_layers(job.model, params, carry, layers, dtype, job.training.fold_dot)
+        return network.apply_layers(job.model, params, carry, layers, options, dtype, job.training.fold_dot)
 
     run = jax.checkpoint(apply_group, static_argnums=0) if remat else apply_group
 

@@ -19,40 +19,20 @@ import optax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from codesign.engine import programs
-from codesign.planner.plan import Plan
 from codesign.config.types import Job
-
-# Replicated parameters and Adam's state as flat vectors (FlatView), per platform: where it
-# measured faster. On an H200 (bench/gpu_check.sh, seed model, bf16, batch 1024) the step took
-# 8.93 ms flat against 11.42 ms per leaf: the per-leaf call spent 3.4 ms on the host before its
-# first kernel (about 450 arrays of parameters and state), and its Adam update is ~400 small
-# fusions. On this CPU the small model's fp32 step took 80 ms flat against 52 ms per leaf (peak
-# 221 against 172 MiB: the slices and the gradients' concatenation are copies on XLA:CPU).
-FLAT_STATE = {"cpu": False, "gpu": True}
-
-
-# Elements from which a leaf stays its own array beside the flat vector (FlatView.whole), per
-# precision. In fp32, XLA:GPU copies a slice of the vector that a matmul reads as it is, 8 bytes an
-# element of HBM traffic, about 3 us per million at 3e12 B/s, where an array more in the step's call
-# costs the host about 5 us (bench/RESULTS.md), three of them a leaf (parameters, two moments).
-# The seed model's one such leaf, the first DOT mixer's 134M-row kernel, was a 1.07 GB copy a step
-# (XLA's H100 HLO: bench_step.py --target h100); one H200, seed fp32 batch 1024, same run: 16.55 ms a
-# step against 16.88 with it in the vector. In bf16 its cast reads the slice in place: no copy to
-# save, and no leaf whole until a GPU says otherwise (bench_step.py's row `project-whole-leaf`).
-WHOLE_LEAF = {"fp32": 2**23, "bf16": math.inf}
+from codesign.engine import programs
+from codesign.engine.options import EngineOptions
+from codesign.planner.plan import Plan
 
 
 @dataclass(frozen=True)
 class FlatView:
     """A stage's parameters, where all of them are replicated, as one fp32 vector of its small
-    leaves and its large leaves whole (WHOLE_LEAF): the step takes and returns a few arrays each
-    for parameters and Adam's two moments, and a count, instead of one per leaf, and Adam updates
-    the vector in one pass. Per leaf, the host's call of a seed-model step (about 450 arrays) was
-    2.6 ms of its 13.0 ms on an H100, with the GPU idle; each leaf's Adam update was its own
-    kernel. The model reads the small leaves as slices (which fuse into their consumers); their
-    gradients are concatenated back in one copy (custom_vjp: the transpose of ~150 slices would add
-    as many zero-padded full vectors)."""
+    leaves and its large leaves whole (EngineOptions.whole_leaf): the step takes and returns a few
+    arrays each for parameters and Adam's two moments, and a count, instead of one per leaf (whose
+    host call left a GPU idle), and Adam updates the vector in one pass. The model reads the small
+    leaves as slices (which fuse into their consumers); their gradients are concatenated back in one
+    copy (custom_vjp: the transpose of ~150 slices would add as many zero-padded full vectors)."""
 
     treedef: Any
     shapes: tuple[tuple[int, ...], ...]
@@ -141,9 +121,9 @@ class SingleStage:
         return values if self.view is None else self.view.tree(values)
 
 
-def loss_fn(job: Job, groups: tuple[tuple[int, ...], ...], remat: bool) -> Callable:
+def loss_fn(job: Job, groups: tuple[tuple[int, ...], ...], remat: bool, options: EngineOptions) -> Callable:
     """Mean squared error of ZHEN applied group by group, each group optionally rematerialised."""
-    apply = programs.apply_groups(job, groups, remat)
+    apply = programs.apply_groups(job, groups, remat, options)
 
     def loss(params, x, y):
         _, out = apply(params, (x.astype(programs.DTYPES[job.training.precision]), None))
@@ -158,12 +138,10 @@ def accumulate(loss: Callable, grad_shardings: Any = None, per_shard: tuple[Mesh
     With grad_shardings (ZeRO-2), each micro-batch's gradients are reduce-scattered into them.
     With per_shard (mesh, batch axis, parameter shardings), the scan keeps each batch shard's
     gradients apart, on its own devices, and reduces them once after it: left to place the
-    reduction, XLA:CPU all-reduced inside the loop, once per pair of micro-batches it unrolls
-    (dp 2, 8 micro-batches: 30.1 -> 9.7 ms a step; dp 8: 124 -> 62 ms). One micro-batch too: left
-    to XLA, each gradient was all-reduced as its dot made it, before the transpose to its
-    parameter's layout, and Adam's update read it transposed (8x slower on XLA:CPU), and the
-    convolutions' sums (in platform_dependent's cond) became 52 all-gathers of 2 floats (the
-    probe model on dp 2 and dp 8: 1.39-1.54x as fast deferred).
+    reduction, XLA:CPU all-reduced inside the loop, once per pair of micro-batches it unrolls.
+    One micro-batch too: left to XLA, each gradient was all-reduced as its dot made it, before the
+    transpose to its parameter's layout, and Adam's update read it transposed, and the
+    convolutions' sums became many all-gathers of 2 floats.
     """
 
     def place(grads):
@@ -252,15 +230,16 @@ class CompiledStage:
     optimizer: optax.GradientTransformation
 
 
-def compile_single_stage(job: Job, plan: Plan, mesh: Mesh) -> CompiledStage:
+def compile_single_stage(job: Job, plan: Plan, mesh: Mesh, options: EngineOptions | None = None) -> CompiledStage:
     """Shard parameters by the plan's rules, then lower and compile the step on abstract arrays
     (the mesh's devices need not be attached: bench_step compiles for a GPU it only describes)."""
+    options = programs.mesh_options(job, mesh, options)
     stage = plan.stages[0]
     abstract, shardings = programs.stage_parameters(job, plan, stage, mesh)
     described = programs.describe_shardings(shardings, programs.gradient_shardings(plan, shardings, abstract))
-    loss = loss_fn(job, stage.groups, plan.remat)
-    flat = FLAT_STATE.get(mesh.devices.flat[0].platform, False) and replicated(shardings) and not plan.reduce_scatter
-    view = FlatView.of(abstract, WHOLE_LEAF[job.training.precision]) if flat else None
+    loss = loss_fn(job, stage.groups, plan.remat, options)
+    flat = options.flat_state and replicated(shardings) and not plan.reduce_scatter
+    view = FlatView.of(abstract, options.whole_leaf) if flat else None
     if view is not None:
         abstract, loss = view.abstract(), view.loss(loss)
         shardings = jax.tree.map(lambda _: NamedSharding(mesh, P()), abstract)
@@ -286,11 +265,12 @@ def compile_single_stage(job: Job, plan: Plan, mesh: Mesh) -> CompiledStage:
                          view, optimizer)
 
 
-def build_single_stage(job: Job, plan: Plan, values: programs.StartingValues = programs.JOB_VALUES) -> SingleStage:
+def build_single_stage(job: Job, plan: Plan, values: programs.StartingValues = programs.JOB_VALUES,
+                       options: EngineOptions | None = None) -> SingleStage:
     """The step compiled first, so a plan that cannot fit fails before anything is allocated on
     the devices; then its starting state and batch placed."""
     stage = plan.stages[0]
-    built = compile_single_stage(job, plan, programs.stage_mesh(stage))
+    built = compile_single_stage(job, plan, programs.stage_mesh(stage), options)
     memory = programs.compiled_memory(built.compiled)
     programs.ensure_fits(memory)
     params, opt_state = programs.init_state(job, stage, built.optimizer, built.shardings,

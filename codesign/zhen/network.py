@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from codesign.config.types import ModelSpec
+from codesign.engine.options import EngineOptions, engine_options
 from codesign.zhen import counts
 from codesign.zhen.counts import CONV_KERNEL, DOT_HIDDEN, FFN_HIDDEN, layer_widths
 
@@ -155,9 +156,6 @@ class LinearMixer(nn.Module):
         self.fc = FeatureFc(self.f_in, self.out)
 
 
-BIAS_IN_MATMUL = True  # the encoder FFN's first Dense a BiasInMatmulDense (False: a Dense)
-
-
 def bias_in_matmul(x: jax.Array, kernel: jax.Array, bias: jax.Array) -> jax.Array:
     """x @ kernel + bias as one matmul, [x, 1, 0..] @ [kernel; bias; 0..], the inner dimension
     padded to a multiple of 8 (tensor cores' alignment)."""
@@ -166,18 +164,12 @@ def bias_in_matmul(x: jax.Array, kernel: jax.Array, bias: jax.Array) -> jax.Arra
     return x @ jnp.concatenate([kernel, bias[None], jnp.zeros((pad, kernel.shape[1]), kernel.dtype)])
 
 
-def bias_after_matmul(x: jax.Array, kernel: jax.Array, bias: jax.Array) -> jax.Array:
-    return x @ kernel + bias
-
-
 class BiasInMatmulDense(nn.Module):
-    """A Dense whose bias, on GPUs, is added by its matmul (bias_in_matmul). XLA:GPU does not fuse
-    a bias into a batched cuBLASLt matmul (the vmapped encoders' FFN), so it wrote the B x O x
-    2048 product and read it back to add the bias, and summed the bias gradient in a reduction;
-    there the product is the biased pre-activation and the bias gradient a row of the kernel's
-    (one H100, seed step: 10.47 ms against 10.76 bf16, 19.16 against 19.60 fp32). On CPU the bias
-    is added after, as a Dense does: cost_cpu's small models' fp32 steps took 1-7% longer with
-    it inside. Same parameters (names, shapes, initialisation) and function as a Dense."""
+    """A Dense whose bias is added by its matmul (bias_in_matmul), where EngineOptions.bias_in_matmul
+    asks: XLA:GPU does not fuse a bias into a batched cuBLASLt matmul (the vmapped encoders' FFN),
+    so it wrote the product and read it back to add the bias; here the product is the biased
+    pre-activation and the bias gradient a row of the kernel's. Same parameters (names, shapes,
+    initialisation) and function as a Dense."""
 
     features: int
     axes: tuple[str | None, str | None]
@@ -190,12 +182,13 @@ class BiasInMatmulDense(nn.Module):
         bias = self.param("bias", nn.with_logical_partitioning(nn.initializers.zeros_init(), self.axes[1:]),
                           (self.features,))
         operands = (x.astype(self.dtype), kernel.astype(self.dtype), bias.astype(self.dtype))
-        return jax.lax.platform_dependent(*operands, cpu=bias_after_matmul, default=bias_in_matmul)
+        return bias_in_matmul(*operands)
 
 
 class EncoderLayer(nn.Module):
     """Post-norm Transformer encoder layer: one head, ReLU FFN, qkv without bias."""
 
+    options: EngineOptions
     dtype: jnp.dtype = jnp.float32
 
     @nn.compact
@@ -206,7 +199,7 @@ class EncoderLayer(nn.Module):
         scores = jnp.einsum("bqd,bkd->bqk", q, k) / math.sqrt(d)
         attn = jnp.einsum("bqk,bkd->bqd", jax.nn.softmax(scores, axis=-1), v)
         x = nn.LayerNorm(dtype=self.dtype, name="norm1")(x + _dense(d, ("qkv", "embed"), self.dtype, "out")(attn))
-        ffn1 = (BiasInMatmulDense(FFN_HIDDEN, ("embed", "mlp"), self.dtype, name="ffn1") if BIAS_IN_MATMUL
+        ffn1 = (BiasInMatmulDense(FFN_HIDDEN, ("embed", "mlp"), self.dtype, name="ffn1") if self.options.bias_in_matmul
                 else _dense(FFN_HIDDEN, ("embed", "mlp"), self.dtype, "ffn1"))
         ff = ffn1(x)
         ff = _dense(d, ("mlp", "embed"), self.dtype, "ffn2")(nn.relu(ff))
@@ -218,11 +211,12 @@ class AttentionMixer(nn.Module):
 
     f_in: int
     out: int
+    options: EngineOptions
     dtype: jnp.dtype = jnp.float32
 
     def setup(self):
         self.fc = FeatureFc(self.f_in, self.out)
-        self.encoder = EncoderLayer(self.dtype)
+        self.encoder = EncoderLayer(self.options, self.dtype)
 
     def __call__(self, tokens: jax.Array) -> jax.Array:
         return self.encoder(tokens)
@@ -234,6 +228,7 @@ class SameConv(nn.Module):
     fp32 (`shifted_conv`). XLA:CPU ran nn.Conv's one-channel convolution 2.6-4.2x slower; on an
     H100 the model with it ran 30x slower at batch 4096 than at 1024."""
 
+    one_reduction_sums: bool  # EngineOptions.one_reduction_sums: the backward's sums in one reduction
     dtype: jnp.dtype = jnp.float32
 
     @nn.compact
@@ -244,7 +239,8 @@ class SameConv(nn.Module):
         bias = self.param("bias", nn.with_logical_partitioning(nn.initializers.zeros_init(), (None,)), (1,))
         z = z.astype(self.dtype).astype(jnp.float32)
         taps = varying_like(kernel.reshape(k, k).astype(self.dtype).astype(jnp.float32), z)
-        return shifted_conv(varying_like(bias.astype(self.dtype).astype(jnp.float32), z), z, taps).astype(self.dtype)
+        bias = varying_like(bias.astype(self.dtype).astype(jnp.float32), z)
+        return shifted_conv(bias, z, taps, self.one_reduction_sums).astype(self.dtype)
 
 
 def varying_like(x: jax.Array, z: jax.Array) -> jax.Array:
@@ -269,25 +265,24 @@ def _shifted_sum(y: jax.Array, z: jax.Array, taps: jax.Array) -> jax.Array:
     return y
 
 
-@jax.custom_vjp
-def shifted_conv(bias: jax.Array, z: jax.Array, taps: jax.Array) -> jax.Array:
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+def shifted_conv(bias: jax.Array, z: jax.Array, taps: jax.Array, one_reduction_sums: bool) -> jax.Array:
     """bias + z correlated with taps, fp32. Its backward is written out: differentiated, the k^2
-    shifted slices became k^2 pads and k^2 reductions, 51 kernels per convolution, which were
-    45% of a small model's XLA:CPU compile (2.1 of 4.7 s)."""
+    shifted slices became k^2 pads and k^2 reductions, many kernels a large share of XLA:CPU's compile."""
     return _shifted_sum(bias, z, taps)
 
 
-def _shifted_conv_forward(bias, z, taps):
+def _shifted_conv_forward(bias, z, taps, one_reduction_sums):
     return _shifted_sum(bias, z, taps), (bias, z, taps)
 
 
-def _shifted_conv_backward(residuals, cotangent):
+def _shifted_conv_backward(one_reduction_sums, residuals, cotangent):
     """z's gradient: the cotangent correlated with the flipped taps (one fusion, as forward); the
-    taps' and the bias's: sums of products, on CPU as one variadic reduction (one kernel: 2.4 ms
-    against 3.5 ms at batch 512 for the k^2 reductions XLA:CPU makes of separate sums)."""
+    taps' and the bias's: sums of products, in one variadic reduction where one_reduction_sums
+    (XLA:CPU makes k^2 kernels of separate sums)."""
     bias, z, taps = residuals
     terms = [window * cotangent for window in _windows(z, taps.shape[0])] + [cotangent]
-    sums = jax.lax.platform_dependent(*terms, cpu=sums_in_one_reduction, default=sums_one_by_one)
+    sums = (sums_in_one_reduction if one_reduction_sums else sums_one_by_one)(*terms)
     dz = _shifted_sum(jnp.zeros((), jnp.float32), cotangent, taps[::-1, ::-1])
     return sums[-1:].reshape(bias.shape), dz, sums[:-1].reshape(taps.shape)
 
@@ -308,27 +303,28 @@ shifted_conv.defvjp(_shifted_conv_forward, _shifted_conv_backward)
 
 class ConvolutionMixer(nn.Module):
     out: int
+    options: EngineOptions
     dtype: jnp.dtype = jnp.float32
 
     @nn.compact
     def __call__(self, z: jax.Array) -> jax.Array:
-        y = SameConv(self.dtype, name="conv")(z)
+        y = SameConv(self.options.one_reduction_sums, self.dtype, name="conv")(z)
         return _dense(self.out, ("features", None), self.dtype, "fc")(y).transpose(0, 2, 1)
 
 
-def _mixer(kind: str, spec: ModelSpec, f_in: int, dtype, name: str, fold_dot: bool) -> nn.Module:
+def _mixer(kind: str, spec: ModelSpec, f_in: int, dtype, name: str, fold_dot: bool,
+           options: EngineOptions) -> nn.Module:
     o, d = spec.output_per_emb, spec.emb_dim
     if kind == "DOT":
         return DotMixer(o, d, dtype, fold_dot, name=name)
     if kind == "LINEAR":
         return LinearMixer(f_in, o, name=name)
     if kind == "ATTENTION":
-        return AttentionMixer(f_in, o, dtype, name=name)
-    return ConvolutionMixer(o, dtype, name=name)
+        return AttentionMixer(f_in, o, options, dtype, name=name)
+    return ConvolutionMixer(o, options, dtype, name=name)
 
 
 _PROJECTING = (LinearMixer, AttentionMixer)  # mixers whose feature FC ZhenBlock runs
-BATCH_ENCODERS = True  # a layer's ATTENTION encoders as one vmapped encoder (False: one after another)
 
 
 def _feature_tokens(mixers: list[nn.Module], z: jax.Array, dtype) -> jax.Array:
@@ -345,6 +341,7 @@ class ZhenBlock(nn.Module):
 
     spec: ModelSpec
     index: int
+    options: EngineOptions
     dtype: jnp.dtype = jnp.float32
     fold_dot: bool = False  # True: the DOT mixer over the Gram's upper blocks (FoldedPairsDense)
 
@@ -358,7 +355,7 @@ class ZhenBlock(nn.Module):
             if skip != f_in:
                 prev_in = _dense(f_in, ("features", None), self.dtype, "skip")(prev_in)
             z = prev_out + prev_in
-        mixers = [_mixer(kind, self.spec, f_in, self.dtype, f"mixer_{j}_{kind.lower()}", self.fold_dot)
+        mixers = [_mixer(kind, self.spec, f_in, self.dtype, f"mixer_{j}_{kind.lower()}", self.fold_dot, self.options)
                   for j, kind in enumerate(self.spec.tokens[self.index])]
         out = {m.name: m(z) for m in mixers if not isinstance(m, _PROJECTING)}
         attention = [m for m in mixers if isinstance(m, AttentionMixer)]
@@ -378,11 +375,12 @@ class ZhenBlock(nn.Module):
         over the k mixers' parameters: every kernel of the encoder runs once per layer, not k times.
         Same parameters (each mixer keeps its own) and function."""
         k = len(attention)
-        if k == 1 or not BATCH_ENCODERS or self.is_initializing():
+        if k == 1 or not self.options.batch_encoders or self.is_initializing():
             return [m(t) for m, t in zip(attention, jnp.split(tokens, k, axis=1))]
         params = [nn.meta.unbox(self.variables["params"][m.name]["encoder"]) for m in attention]
         stacked = jax.tree.map(lambda *p: jnp.stack(p), *params)
-        encode = jax.vmap(lambda p, t: EncoderLayer(self.dtype).apply({"params": p}, t), in_axes=(0, 1), out_axes=1)
+        encode = jax.vmap(lambda p, t: EncoderLayer(self.options, self.dtype).apply({"params": p}, t),
+                          in_axes=(0, 1), out_axes=1)
         b, _, d = tokens.shape
         encoded = encode(stacked, tokens.reshape(b, k, -1, d))
         return jnp.split(encoded.reshape(b, -1, d), k, axis=1)
@@ -390,9 +388,12 @@ class ZhenBlock(nn.Module):
 
 def init_params(spec: ModelSpec, key: jax.Array, batch: int = 1, layers: Sequence[int] | None = None) -> dict:
     """Boxed (logically partitioned) parameters {layer_i: ...} of all layers, or of `layers` alone
-    (a pipeline stage) with the same values; use under jax.eval_shape for shapes."""
+    (a pipeline stage) with the same values; use under jax.eval_shape for shapes. The parameters
+    are the same under every EngineOptions: the default backend's serve."""
     layers = range(spec.num_zhen_layers) if layers is None else layers
-    return {f"layer_{i}": ZhenBlock(spec, i).init(jax.random.fold_in(key, i), _input_carry(spec, i, batch))["params"]
+    options = engine_options(jax.default_backend(), "fp32")
+    return {f"layer_{i}": ZhenBlock(spec, i, options).init(jax.random.fold_in(key, i),
+                                                           _input_carry(spec, i, batch))["params"]
             for i in layers}
 
 
@@ -405,14 +406,14 @@ def _input_carry(spec: ModelSpec, i: int, batch: int) -> Carry:
             jnp.zeros((batch, spec.emb_dim, f_in), jnp.float32))
 
 
-def apply_layers(spec: ModelSpec, params: dict, carry: Carry, layers: Sequence[int],
+def apply_layers(spec: ModelSpec, params: dict, carry: Carry, layers: Sequence[int], options: EngineOptions,
                  dtype=jnp.float32, fold_dot: bool = False) -> Carry:
     for i in layers:
-        carry = ZhenBlock(spec, i, dtype, fold_dot).apply({"params": params[f"layer_{i}"]}, carry)
+        carry = ZhenBlock(spec, i, options, dtype, fold_dot).apply({"params": params[f"layer_{i}"]}, carry)
     return carry
 
 
-def forward(spec: ModelSpec, params: dict, x: jax.Array, dtype=jnp.float32,
+def forward(spec: ModelSpec, params: dict, x: jax.Array, options: EngineOptions, dtype=jnp.float32,
             fold_dot: bool = False) -> jax.Array:
-    _, out = apply_layers(spec, params, (x, None), range(spec.num_zhen_layers), dtype, fold_dot)
+    _, out = apply_layers(spec, params, (x, None), range(spec.num_zhen_layers), options, dtype, fold_dot)
     return out.reshape(out.shape[0], -1)
