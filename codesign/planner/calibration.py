@@ -1,7 +1,7 @@
 """The profile's calibration: factors that fit a probed profile to real training steps.
 
 Kernels probed one by one are not a compiled step (fused, scheduled together, laid out for it),
-so `codesign profile` (engine/probe.py) times real steps of small probe models and scales five
+so `codesign profile` (engine/probe/) times real steps of small probe models and scales five
 components of the probed profile to fit them. The jobs and the fit are pure (numpy, scipy and
 the cost model), so they are tested without JAX; the timing stays in the engine.
 """
