@@ -40,6 +40,7 @@ from codesign.planner.space import (
     block_sizes,
     by_rank,
     degrees,
+    in_space,
     meshes,
     settings,
     space_size,
@@ -300,14 +301,14 @@ def dp_search(job: Job, workload: Workload) -> list[Candidate]:
     group) on the same devices, each stage's other meshes, and the other plan-wide settings.
     What the DP's objective leaves out (transfers, dispatch, the update) can move the best cuts
     and meshes."""
-    priced = [Candidate(p, estimate(workload, p)) for p in dict.fromkeys(dp_plans(job, workload))]
+    priced = [Candidate(p, estimate(workload, p)) for p in dict.fromkeys(dp_plans(job, workload)) if in_space(p)]
     seen = {c.plan for c in priced}
     fitting = sorted((c for c in priced if c.estimate.fits), key=lambda c: c.estimate.seconds)
     per_degree = {len(c.plan.stages): c.plan for c in reversed(fitting)}  # each pipeline degree's best
     extra = []
     for best in dict.fromkeys([*(c.plan for c in fitting[:REFINE]), *per_degree.values()]):
         for plan in itertools.chain(_resplits(job, best), _remeshes(job, best), _resettings(job, best)):
-            if plan not in seen:
+            if plan not in seen and in_space(plan):
                 seen.add(plan)
                 extra.append(Candidate(plan, estimate(workload, plan)))
     return priced + extra

@@ -184,7 +184,7 @@ def space_size(job: Job, limit: int) -> int:
     total, groups = 0, len(layer_groups(job))
     for pp in degrees(job):
         for devices in placements(job, pp):
-            per_setting = sum(math.prod(len(meshes(job, len(ids), s.batch_axis)) for ids in devices)
+            per_setting = sum(_mesh_count([meshes(job, len(ids), s.batch_axis) for ids in devices], s)
                               for s in settings(pp))
             total += math.comb(groups - 1, pp - 1) * per_setting
             if total > limit:
@@ -200,8 +200,27 @@ def all_plans(job: Job, only: Only = EVERY) -> Iterator[Plan]:
                 [d for d in placements(job, pp) if only.devices(d)],
                 [s for s in splits(groups, pp) if only.split(s)], list(settings(pp))):
             for mesh in itertools.product(*(meshes(job, len(ids), setting.batch_axis) for ids in devices)):
-                if only.meshes(mesh):
+                if only.meshes(mesh) and shards_state(setting.reduce_scatter, mesh):
                     yield assemble(job, split, devices, mesh, setting)
+
+
+def shards_state(reduce_scatter: bool, mesh: Sequence[tuple[int, int]]) -> bool:
+    """ZeRO-2 only where some stage has a dp axis to shard its state over: elsewhere the plan
+    is the one without it, priced and run the same."""
+    return not reduce_scatter or any(dp > 1 for dp, _ in mesh)
+
+
+def in_space(plan: Plan) -> bool:
+    """Whether a plan built from parts (the search's proposals) is one the space holds."""
+    return shards_state(plan.reduce_scatter, [(s.dp, s.op) for s in plan.stages])
+
+
+def _mesh_count(options: Sequence[Sequence[tuple[int, int]]], setting: Setting) -> int:
+    """How many of the stages' mesh combinations shards_state keeps."""
+    total = math.prod(len(o) for o in options)
+    if setting.reduce_scatter:
+        total -= math.prod(sum(dp == 1 for dp, _ in o) for o in options)
+    return total
 
 
 def assemble(job: Job, split: Sequence[range], devices: Sequence[Sequence[int]], mesh: Sequence[tuple[int, int]],
