@@ -196,7 +196,7 @@ def layer_compute(w: Workload, i: int, mesh: Submesh, busy: int, into: Compute =
     fwd, bwd, fixed, overheads, comm = into.forward, into.backward, into.fixed, into.overheads, into.communication
     for kind, work in w.mixers[i]:
         if work.sharded_flops and mesh.op > 1:
-            collective, seconds = _op_collective(w, work, samples, mesh)
+            collective, seconds = op_collective(w, work, samples, mesh)
             comm[collective] += seconds
     for kind, work in engine_calls(w.mixers[i]):
         rate = p.rate(w.precision, kind)
@@ -260,20 +260,28 @@ def _split(work: counts.Work, op: int) -> float:
     return work.activations - work.sharded_activations + work.sharded_activations / op
 
 
-def _op_collective(w: Workload, work: counts.Work, samples: float, mesh: Submesh) -> tuple[str, float]:
-    """One op-sharded mixer's collectives per micro-batch (forward and backward)."""
+def op_collective(w: Workload, work: counts.Work, samples: float, mesh: Submesh,
+                  calls: Any = 1) -> tuple[str, Any]:
+    """An op-sharded mixer's collectives per micro-batch (forward and backward); or of `calls`
+    such mixers, `work` holding their sum."""
     if mesh.batch_axis == "dp":
-        out = samples * w.model.output_per_emb * w.model.emb_dim * w.activation_bytes
-        return "op all-reduce", 2 * w.collective(all_reduce, out, mesh.op_group)
+        out = calls * samples * w.model.output_per_emb * w.model.emb_dim * w.activation_bytes
+        return "op all-reduce", 2 * w.collective(all_reduce, out, mesh.op_group, calls)
     weights = work.sharded_params * PARAM_BYTES
-    return "op all-gather", (w.collective(all_gather, weights, mesh.op_group)
-                             + w.collective(reduce_scatter, weights, mesh.op_group))
+    return "op all-gather", (w.collective(all_gather, weights, mesh.op_group, calls)
+                             + w.collective(reduce_scatter, weights, mesh.op_group, calls))
 
 
 def stage_params(w: Workload, layers: Sequence[int], op: int) -> float:
     """Parameters one device of the stage holds: the "mlp"-sharded ones split over op."""
     return sum(w.layers[i].params - w.layers[i].sharded_params + w.layers[i].sharded_params / op
                for i in layers)
+
+
+def stage_grads(w: Workload, layers: Sequence[int], mesh: Submesh, zero: bool) -> Any:
+    """Gradient bytes one device keeps (and accumulates): 1/dp of them under ZeRO-2."""
+    params = stage_params(w, layers, mesh.op) * PARAM_BYTES
+    return params / mesh.dp if zero else params
 
 
 def gradient_sync(w: Workload, layers: Sequence[int], mesh: Submesh, zero: bool, busy: int) -> tuple[str, float]:
@@ -331,7 +339,7 @@ def stage_memory(w: Workload, layers: Sequence[int], groups: Sequence[Sequence[i
     shard); a pipeline stage's backward holds them beside the accumulated ones. Residuals and the
     working set are counted as XLA:CPU keeps them, times the profile's activation_share."""
     params = stage_params(w, layers, mesh.op) * PARAM_BYTES
-    grads = params / mesh.dp if zero else params
+    grads = stage_grads(w, layers, mesh, zero)
     samples = w.micro_batch / mesh.batch_shards
     split = mesh.op if mesh.batch_axis == "dp" else 1
     per_layer = {i: samples * w.activation_bytes * (_split(w.layers[i], split) + (0 if fused else w.layers[i].relu / split))

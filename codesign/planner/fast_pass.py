@@ -21,18 +21,22 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from codesign.planner.auto import meshes
+from codesign.planner.auto import meshes, placements
 from codesign.planner.cost import (
     PARAM_BYTES,
     Compute,
     Submesh,
     Workload,
     accumulate_time,
-    adam_time,
+    gradient_sync,
     layer_compute,
     one_program,
+    op_collective,
+    point_to_point,
     stage_compute,
     stage_cost,
+    stage_grads,
+    stage_update,
 )
 from codesign.planner.device_profiles import DeviceProfile, ProfileBook, cluster_links
 from codesign.planner.plan import MESH_AXES, Plan, StagePlan
@@ -41,7 +45,6 @@ from codesign.config.loader import LinkSpec
 from codesign.config.types import SCHEDULES, Job, ModelSpec, TrainingSpec
 from codesign.zhen import counts, search
 
-BISECTIONS = 40  # halvings of pipeline_bound's bracket: within 1e-12 of it, and never above
 
 
 @dataclass(frozen=True)
@@ -62,6 +65,7 @@ class LayerPrices:
     work: counts.Work  # fields [row]: its counts
     solo: np.ndarray  # [row]: forward + backward of a micro-batch on one device (the bound's work)
     launch: np.ndarray  # [row]: of that, the fixed costs per call, which every device of a stage pays
+    sharded: np.ndarray  # [row, 2]: its op-sharded mixers (whose collectives op adds), their sharded params
 
 
 class Pricer:
@@ -95,11 +99,11 @@ class Pricer:
         if key not in self.positions:
             rows = search.multisets(block.layers[i], len(block.kinds))
             priced = [self.layer(search.layer_tokens(block.kinds, r), block, i, base) for r in rows]
-            computes, works, solo, launch = zip(*priced)
+            computes, works, solo, launch, sharded = zip(*priced)
             fields = np.array([[c.astuple() for c in row] for row in computes])  # [row, variant, field]
             self.positions[key] = LayerPrices(Compute(*np.moveaxis(fields, 2, 0)),
                                               counts.Work(*np.array([w.astuple() for w in works]).T),
-                                              np.array(solo), np.array(launch))
+                                              np.array(solo), np.array(launch), np.array(sharded, dtype=float))
         return self.positions[key]
 
     def layer(self, tokens: tuple[str, ...], block: search.Block, i: int, base: ModelSpec) -> tuple:
@@ -110,8 +114,9 @@ class Pricer:
         w = self.workload(proxy, (work,), (own,), (mixers,))
         one = Submesh((0,), 1, 1)
         solo = sum(stage_compute(w, [0], one, False, self.n)[:2])
+        sharded = [m.sharded_params for _, m in mixers if m.sharded_flops]  # as layer_compute asks op_collective
         return ([layer_compute(w, 0, mesh, self.n) for mesh in self.meshes], work, solo,
-                layer_compute(w, 0, one, self.n).overheads)
+                layer_compute(w, 0, one, self.n).overheads, (len(sharded), sum(sharded)))
 
 
 def _proxy(base: ModelSpec, layers: Sequence[int], i: int = -1, tokens: tuple[str, ...] = ()) -> ModelSpec:
@@ -135,14 +140,14 @@ class Fast:
     least: np.ndarray  # the least step time of any one-program plan, fitting or not
     bound: np.ndarray  # lower bound on any plan's step time, but for pipeline_bound
     flops: np.ndarray  # forward FLOPs per sample
-    stages: np.ndarray  # [candidate, layer, 2]: pipeline_bound's (fixed, spread) seconds per layer
+    terms: np.ndarray  # [candidate, layer, TERMS]: what pipeline_bound adds up
 
 
-def fast_pass(pricer: Pricer, block: search.Block, index: np.ndarray, base: ModelSpec) -> Fast:
-    """Every one-program plan of every candidate in `index`, as cost.estimate prices pp = 1."""
+def one_programs(pricer: Pricer, block: search.Block, rows: list[np.ndarray],
+                 base: ModelSpec) -> tuple[np.ndarray, np.ndarray]:
+    """(seconds, peak bytes) [candidate, variant] of the candidates whose layer i holds the
+    multisets rows[i], as cost.estimate prices each one-program plan."""
     prices = [pricer.position(block, i, base) for i in range(len(block.layers))]
-    digit = dict(search.digits(index, [len(p.solo) for p in prices]))
-    rows = [digit[i] for i in range(len(prices))]
     computes = [Compute(*(f[r] for f in p.compute.astuple())) for p, r in zip(prices, rows)]
     compute = sum(computes[1:], computes[0])
     works = tuple(counts.Work(*(f[r] for f in p.work.astuple())) for p, r in zip(prices, rows))
@@ -153,6 +158,15 @@ def fast_pass(pricer: Pricer, block: search.Block, index: np.ndarray, base: Mode
         stage = StagePlan((layers,), tuple(range(pricer.n)), variant.dp, variant.op)
         priced = stage_cost(w, stage, 0, plan, pricer.n, 1, compute=Compute(*(f[:, v] for f in compute.astuple())))
         seconds[:, v], memory[:, v] = one_program(w, plan, priced, pricer.n), np.floor(priced.memory.total)
+    return seconds, memory
+
+
+def fast_pass(pricer: Pricer, block: search.Block, index: np.ndarray, base: ModelSpec) -> Fast:
+    """Every one-program plan of every candidate in `index`: the fastest that fits, and bounds."""
+    prices = [pricer.position(block, i, base) for i in range(len(block.layers))]
+    digit = dict(search.digits(index, [len(p.solo) for p in prices]))
+    rows = [digit[i] for i in range(len(prices))]
+    seconds, memory = one_programs(pricer, block, rows, base)
     fits = memory <= pricer.profile.memory
     best = np.where(fits, seconds, np.inf).argmin(axis=1)
     pick = lambda table: np.take_along_axis(table, best[:, None], 1)[:, 0]
@@ -163,56 +177,121 @@ def fast_pass(pricer: Pricer, block: search.Block, index: np.ndarray, base: Mode
                        micro * sum(solo) / n)
     return Fast(np.where(fits.any(axis=1), pick(seconds), np.inf),
                 np.where(fits.any(axis=1), pick(memory), memory.min(axis=1)), best, seconds.min(axis=1),
-                bound, flops, _stage_terms(pricer, prices, rows, solo) if pricer.pipelines else np.zeros((len(index), 0, 2)))
+                bound, flops, _layer_terms(pricer, prices, rows, solo, _proxy(base, block.layers)) if pricer.pipelines else np.zeros((len(index), 0, len(TERMS))))
 
 
-def _stage_terms(pricer: Pricer, prices: list[LayerPrices], rows: list[np.ndarray],
-                 solo: list[np.ndarray]) -> np.ndarray:
-    """Per candidate and layer, what any pipeline stage holding it spends per step on each of its
-    d devices, at least: `fixed` + `spread` / d. Fixed: each micro-batch's fixed costs per call,
-    which every device pays (none counted where measured points price the calls). Spread: the
-    rest of its micro-batches' one-device work, their gradient accumulation and its update, which
-    the stage's devices at best share evenly (its parameters split d ways at most)."""
-    p, micro = pricer.profile, pricer.job.num_micro_batches
-    share = memory_share(p, pricer.n)
-    launched = not _has_points(p)
+def _layer_terms(pricer: Pricer, prices: list[LayerPrices], rows: list[np.ndarray], solo: list[np.ndarray],
+                 model: ModelSpec) -> np.ndarray:
+    """Per candidate and layer, what pipeline_bound adds up over a stage's layers (TERMS): of one
+    micro-batch on one device, the fixed costs per call, which every device of a stage pays (none
+    counted where measured points price the calls), and the rest of its work, which the stage's
+    devices at best share evenly; its parameters; what it hands on."""
+    launched = not _has_points(pricer.profile)
     terms = []
-    for price, r, work in zip(prices, rows, solo):
-        fixed = micro * price.launch[r] if launched else np.zeros(len(r))
-        param_bytes = price.work.params[r] * PARAM_BYTES
-        spread = (micro * work - fixed + micro * accumulate_time(param_bytes, p, share, micro)
-                  + adam_time(param_bytes, p, share))
-        terms.append(np.stack([fixed, spread], axis=1))
+    w = pricer.workload(model, ())
+    for i, (price, r, work) in enumerate(zip(prices, rows, solo)):
+        fixed = price.launch[r] if launched else np.zeros(len(r))
+        carry = np.full(len(r), float(w.micro_batch * w.activation_bytes * counts.carry_width(model, i)))
+        terms.append(np.stack([fixed, work - fixed, price.work.params[r], price.work.sharded_params[r],
+                               price.work.tensors[r], *price.sharded[r].T, carry], axis=1))
     return np.stack(terms, axis=1)
 
 
-def pipeline_bound(stages: np.ndarray, degrees: int, n: int) -> np.ndarray:
-    """The least step time of any pipeline of at most `degrees` stages over n devices, per
-    candidate: over every cut of its layers into contiguous stages, the least T such that stages
-    of (fixed + spread / d) seconds on d devices each, any real d, fit n devices. Every term the
-    relaxation leaves out (collectives, launches, the bubble, remat, memory) only adds time.
-    stages: [candidate, layer, (fixed, spread)], as _stage_terms; layers past a model's end are 0."""
-    least = np.full(len(stages), np.inf)
-    layers = stages.shape[1]
-    for pp in range(2, min(degrees, layers) + 1):
-        for cuts in itertools.combinations(range(1, layers), pp - 1):
-            parts = np.add.reduceat(stages, [0, *cuts], axis=1)  # [candidate, stage, 2]
-            least = np.minimum(least, _balanced(parts[..., 0], parts[..., 1], n))
+TERMS = ("fixed", "work", "params", "sharded_params", "tensors", "sharded_mixers", "sharded_mixer_params", "carry")
+CARRY = TERMS.index("carry")  # bytes a stage ending at the layer hands on per micro-batch: not summed
+
+
+@dataclass(frozen=True)
+class Floor:
+    """At least, over any mesh, what a pipeline stage spends under one plan-wide setting (arrays
+    over candidates)."""
+
+    step: np.ndarray  # per step: its micro-batches, gradient sync and update
+    each: np.ndarray  # per micro-batch: forward and backward
+    after: np.ndarray  # after its last backward: the update (and a sync run once)
+
+
+def pipeline_bound(pricer: Pricer, terms: np.ndarray, depth: np.ndarray) -> np.ndarray:
+    """The least step time any pipeline of Auto search's space could take, per candidate: over
+    its pipeline degrees, cuts of its layers into stages and placements (auto.placements), the
+    slowest stage's floor, and no less than the first stage's wait: stage s starts after the
+    stages before it ran the first micro-batch's forward (and sent it on), and ends before they
+    run its last backward (sent back) and the first stage its update. What it leaves out
+    (launches, remat, memory) only adds time. terms: [candidate, layer, TERMS] (_layer_terms,
+    past a model's `depth` layers zeros)."""
+    least = np.full(len(terms), np.inf)
+    for layers in np.unique(depth):
+        chosen = np.flatnonzero(depth == layers)
+        least[chosen] = _pipelines(pricer, terms[chosen, :layers])
     return least
 
 
-def _balanced(fixed: np.ndarray, spread: np.ndarray, n: int) -> np.ndarray:
-    """Least T (from below) with sum over stages of spread / (T - fixed) <= n: bisection."""
-    low = np.max(fixed + spread / n, axis=1)
-    high = np.max(fixed, axis=1) + spread.sum(axis=1) / n  # d proportional to spread fits
-    with np.errstate(divide="ignore", invalid="ignore"):
-        for _ in range(BISECTIONS):
-            mid = (low + high) / 2
-            gap = mid[:, None] - fixed
-            need = np.where(gap > 0, spread / gap, np.where(spread > 0, np.inf, 0.0)).sum(axis=1)
-            fits = need <= n
-            low, high = np.where(fits, low, mid), np.where(fits, mid, high)
-    return low
+def _pipelines(pricer: Pricer, terms: np.ndarray) -> np.ndarray:
+    layers, per_host = terms.shape[1], pricer.job.cluster.num_devices_per_host
+    micro = pricer.job.num_micro_batches
+    ends = np.concatenate([np.zeros_like(terms[:, :1]), np.cumsum(terms, axis=1)], axis=1)
+    floors: dict[tuple, dict[tuple[str, bool], Floor]] = {}
+
+    def floor(i: int, j: int, devices: tuple[int, ...]) -> dict[tuple[str, bool], Floor]:
+        key = (i, j, tuple(d - devices[0] // per_host * per_host for d in devices))  # the same on any host
+        if key not in floors:
+            floors[key] = stage_floors(pricer, ends[:, j] - ends[:, i], devices)
+        return floors[key]
+
+    least = np.full(len(terms), np.inf)
+    for pp in range(2, min(pricer.degrees, layers) + 1):
+        placed = list(placements(pricer.job, pp))
+        for cuts in itertools.combinations(range(1, layers), pp - 1):
+            edges = (0, *cuts, layers)
+            for devices in placed:
+                priced = [floor(a, b, tuple(d)) for a, b, d in zip(edges, edges[1:], devices)]
+                hops = [2 * _hop(pricer, terms[:, cut - 1, CARRY], len(d)) for cut, d in zip(cuts, devices)]
+                for setting in set.intersection(*(set(p) for p in priced)):
+                    least = np.minimum(least, _slowest([p[setting] for p in priced], hops, micro))
+    return least
+
+
+def _slowest(stages: list[Floor], hops: list[np.ndarray], micro: int) -> np.ndarray:
+    """The pipeline's least time: its slowest stage, or the first micro-batch's wait."""
+    waited = np.cumsum([s.each + hop for s, hop in zip(stages, hops)], axis=0)  # [stage, candidate]
+    chain = np.max(waited + micro * np.array([s.each for s in stages[1:]]), axis=0) + stages[0].after
+    return np.maximum(np.max([s.step for s in stages], axis=0), chain)
+
+
+def _hop(pricer: Pricer, carry: np.ndarray, size: int) -> np.ndarray:
+    """At least a stage of `size` devices' seconds to send one micro-batch's carry on (or a
+    cotangent back): its batch shards at most `size`, on the faster link."""
+    return np.minimum(*(point_to_point(carry / size, link) for link in (pricer.intra, pricer.inter)))
+
+
+def stage_floors(pricer: Pricer, sums: np.ndarray, devices: tuple[int, ...]) -> dict[tuple[str, bool], Floor]:
+    """A pipeline stage of these layers (sums: [candidate, TERMS]) on these devices, per (batch
+    axis, ZeRO-2) that has a mesh there, any mesh: its micro-batches' compute, each device paying the fixed costs and an even share of
+    the rest; and, priced by the cost model's own functions, op's collectives, its gradient
+    accumulation, sync (in each micro-batch's backward or once) and update."""
+    fixed, work, params, sharded, tensors, mixers, weights, _ = sums.T
+    p, job, n, size = pricer.profile, pricer.job, pricer.n, len(devices)
+    micro = job.num_micro_batches
+    w = pricer.workload(job.model, (counts.Work(params=params, sharded_params=sharded, tensors=tensors),))
+    compute = fixed + work / size
+    floors = {}
+    for axis, zero in itertools.product(MESH_AXES, (False, True)):
+        once = Plan((), micro, axis, False, zero, SCHEDULES[0], "chosen").syncs_once(2)
+        step, each, after = (np.full(len(sums), np.inf) for _ in range(3))
+        for dp, op in meshes(job, size, axis):
+            mesh = Submesh(devices, dp, op, axis)
+            _, collectives = op_collective(w, counts.Work(sharded_params=weights), w.micro_batch / mesh.batch_shards,
+                                           mesh, mixers) if op > 1 else ("", 0.0)
+            _, sync = gradient_sync(w, [0], mesh, zero, n)
+            update, _ = stage_update(w, [0], mesh, zero, n)
+            accumulate = accumulate_time(stage_grads(w, [0], mesh, zero), p, memory_share(p, n), micro)
+            one = compute + collectives + accumulate + (0 if once else sync)
+            step = np.minimum(step, micro * one + update + (sync if once else 0))
+            each = np.minimum(each, one)
+            after = np.minimum(after, update + (sync if once else 0))
+        if meshes(job, size, axis):
+            floors[axis, zero] = Floor(step, each, after)
+    return floors
 
 
 def _has_points(profile: DeviceProfile) -> bool:

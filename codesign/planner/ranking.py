@@ -202,20 +202,22 @@ def _fast_ranking(target: Target, pricer: Pricer, found: Candidates, top: int) -
     names = [_variant_name(v) for v in pricer.variants]
     seconds, bound = join("seconds"), join("bound")
     if pricer.pipelines and parts:
-        layers = max(p.stages.shape[1] for p in parts)
-        stages = np.concatenate([np.pad(p.stages, ((0, 0), (0, layers - p.stages.shape[1]), (0, 0))) for p in parts])
-        _tighten(bound, join("least"), stages, _kth(seconds, top), pricer)
+        layers = max(p.terms.shape[1] for p in parts)
+        terms = np.concatenate([np.pad(p.terms, ((0, 0), (0, layers - p.terms.shape[1]), (0, 0))) for p in parts])
+        depth = np.array([len(b.layers) for b in found.blocks])[found.block]
+        _tighten(bound, join("least"), terms, depth, _kth(seconds, top), pricer)
     plans = [names[v] if np.isfinite(s) else "" for v, s in zip(join("variant").astype(int), seconds)]
     return Ranking(target, pricer.job.global_batch, seconds, join("memory"), bound,
                    join("flops"), plans, np.zeros(len(found), dtype=bool), reasons)
 
 
-def _tighten(bound: np.ndarray, least: np.ndarray, stages: np.ndarray, threshold: float, pricer: Pricer) -> None:
+def _tighten(bound: np.ndarray, least: np.ndarray, terms: np.ndarray, depth: np.ndarray, threshold: float,
+             pricer: Pricer) -> None:
     """Where the bound does not already prune (under `threshold`, the K-th best time the fast pass
     knows, which the searches only lower): raise it to the least of the candidate's one-program
     plans' times and pipeline_bound, less a margin for rounding."""
     open_ = np.flatnonzero(bound < threshold)
-    tighter = np.minimum(least[open_], pipeline_bound(stages[open_], pricer.degrees, pricer.n))
+    tighter = np.minimum(least[open_], pipeline_bound(pricer, terms[open_], depth[open_]))
     bound[open_] = np.maximum(bound[open_], tighter * (1 - 1e-9))
 
 
