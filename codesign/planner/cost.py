@@ -458,15 +458,17 @@ def transfer_time(w: Workload, plan: Plan, index: int) -> float:
     return point_to_point(nbytes / Submesh.of(src, plan.batch_axis).batch_shards, link)
 
 
-def simulate(w: Workload, plan: Plan, stages: list[StageCost]) -> tuple[list[float], float, float, float]:
+def simulate(w: Workload, plan: Plan, stages: list[StageCost],
+             hops: Sequence[Any] | None = None) -> tuple[list[float], float, float, float]:
     """Event simulation of the pipeline engine: the host dispatches the schedule's dispatch_order
     (each call, and each device_put between stages, costs the stage's call_cost), each stage runs its
     calls in that order, a forward waits for the previous stage's activation, a backward for the
     next stage's cotangent; then one update per stage. Returns each stage's end time, when the
-    last backward ended, the seconds spent in transfers and the host's seconds of launches."""
+    last backward ended, the seconds spent in transfers and the host's seconds of launches. Stage
+    times (and `hops`, the transfers' where given) may be arrays: it only adds and takes maxima."""
     pp, micro = len(plan.stages), plan.num_micro_batches
     dispatch = [call_cost(w.profile, len(stage.device_ids)) for stage in plan.stages]
-    hops = [transfer_time(w, plan, s) for s in range(pp - 1)]
+    hops = [transfer_time(w, plan, s) for s in range(pp - 1)] if hops is None else hops
     host, free, done = 0.0, [0.0] * pp, {}
     for s, kind, m in dispatch_order(plan.schedule, pp, micro):
         host += dispatch[s] * launches(kind, s, pp)
@@ -476,14 +478,14 @@ def simulate(w: Workload, plan: Plan, stages: list[StageCost]) -> tuple[list[flo
         else:
             ready = done[s, FORWARD, m]
             if s < pp - 1:
-                ready = max(ready, done[s + 1, BACKWARD, m] + hops[s])
+                ready = _most((ready, done[s + 1, BACKWARD, m] + hops[s]))
             seconds = stages[s].backward
-        done[s, kind, m] = free[s] = max(host, free[s], ready) + seconds
+        done[s, kind, m] = free[s] = _most((host, free[s], ready)) + seconds
     ends = []
     for s in range(pp):
         host += dispatch[s]
-        ends.append(max(host, free[s]) + stages[s].update)
-    return ends, max(free), 2 * micro * sum(hops), host
+        ends.append(_most((host, free[s])) + stages[s].update)
+    return ends, _most(free), 2 * micro * sum(hops), host
 
 
 def predict(job: Job, book: ProfileBook, links: Iterable[LinkSpec] = ()) -> dict[str, object]:

@@ -14,6 +14,7 @@ time any pipeline of its layers could take.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
 from collections.abc import Iterable, Sequence
@@ -22,6 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from codesign.planner.auto import meshes, placements
+from codesign.planner.formulas import Memory, StageCost
 from codesign.planner.cost import (
     PARAM_BYTES,
     Compute,
@@ -33,6 +35,7 @@ from codesign.planner.cost import (
     one_program,
     op_collective,
     point_to_point,
+    simulate,
     stage_compute,
     stage_cost,
     stage_grads,
@@ -63,8 +66,9 @@ class LayerPrices:
 
     compute: Compute  # fields [row, variant]: one micro-batch through it on the variant's mesh
     work: counts.Work  # fields [row]: its counts
-    solo: np.ndarray  # [row]: forward + backward of a micro-batch on one device (the bound's work)
-    launch: np.ndarray  # [row]: of that, the fixed costs per call, which every device of a stage pays
+    solo: np.ndarray  # [row, 2]: forward, backward of a micro-batch on one device (the bounds' work)
+    launch: np.ndarray  # [row, 2]: of those, the fixed costs per call, which every device of a stage pays
+    split: np.ndarray  # [row, 2]: of those, what op splits (priced on op 2: the compute is linear in 1 / op)
     sharded: np.ndarray  # [row, 2]: its op-sharded mixers (whose collectives op adds), their sharded params
 
 
@@ -99,11 +103,12 @@ class Pricer:
         if key not in self.positions:
             rows = search.multisets(block.layers[i], len(block.kinds))
             priced = [self.layer(search.layer_tokens(block.kinds, r), block, i, base) for r in rows]
-            computes, works, solo, launch, sharded = zip(*priced)
+            computes, works, solo, launch, split, sharded = zip(*priced)
             fields = np.array([[c.astuple() for c in row] for row in computes])  # [row, variant, field]
             self.positions[key] = LayerPrices(Compute(*np.moveaxis(fields, 2, 0)),
                                               counts.Work(*np.array([w.astuple() for w in works]).T),
-                                              np.array(solo), np.array(launch), np.array(sharded, dtype=float))
+                                              np.array(solo), np.array(launch), np.array(split),
+                                              np.array(sharded, dtype=float))
         return self.positions[key]
 
     def layer(self, tokens: tuple[str, ...], block: search.Block, i: int, base: ModelSpec) -> tuple:
@@ -113,10 +118,12 @@ class Pricer:
         work = sum((w for _, w in mixers), own)
         w = self.workload(proxy, (work,), (own,), (mixers,))
         one = Submesh((0,), 1, 1)
-        solo = sum(stage_compute(w, [0], one, False, self.n)[:2])
+        alone, halved = (layer_compute(w, 0, Submesh(tuple(range(op)), 1, op), self.n) for op in (1, 2))
         sharded = [m.sharded_params for _, m in mixers if m.sharded_flops]  # as layer_compute asks op_collective
-        return ([layer_compute(w, 0, mesh, self.n) for mesh in self.meshes], work, solo,
-                layer_compute(w, 0, one, self.n).overheads, (len(sharded), sum(sharded)))
+        return ([layer_compute(w, 0, mesh, self.n) for mesh in self.meshes], work,
+                stage_compute(w, [0], one, False, self.n)[:2], (alone.fixed, alone.overheads - alone.fixed),
+                (2 * (alone.forward - halved.forward), 2 * (alone.backward - halved.backward)),
+                (len(sharded), sum(sharded)))
 
 
 def _proxy(base: ModelSpec, layers: Sequence[int], i: int = -1, tokens: tuple[str, ...] = ()) -> ModelSpec:
@@ -172,9 +179,9 @@ def fast_pass(pricer: Pricer, block: search.Block, index: np.ndarray, base: Mode
     pick = lambda table: np.take_along_axis(table, best[:, None], 1)[:, 0]
     flops = sum(p.work.flops[r] for p, r in zip(prices, rows))
     micro, n = pricer.job.num_micro_batches, pricer.n
-    solo = [p.solo[r] for p, r in zip(prices, rows)]
+    solo = [p.solo[r] for p, r in zip(prices, rows)]  # [candidate, 2] per layer
     bound = np.maximum(3 * flops * pricer.job.global_batch / (n * _peak(pricer.profile, pricer.training.precision)),
-                       micro * sum(solo) / n)
+                       micro * sum(s.sum(axis=1) for s in solo) / n)
     return Fast(np.where(fits.any(axis=1), pick(seconds), np.inf),
                 np.where(fits.any(axis=1), pick(memory), memory.min(axis=1)), best, seconds.min(axis=1),
                 bound, flops, _layer_terms(pricer, prices, rows, solo, _proxy(base, block.layers)) if pricer.pipelines else np.zeros((len(index), 0, len(TERMS))))
@@ -190,15 +197,21 @@ def _layer_terms(pricer: Pricer, prices: list[LayerPrices], rows: list[np.ndarra
     terms = []
     w = pricer.workload(model, ())
     for i, (price, r, work) in enumerate(zip(prices, rows, solo)):
-        fixed = price.launch[r] if launched else np.zeros(len(r))
+        fixed = price.launch[r] if launched else np.zeros((len(r), 2))
+        split = price.split[r] if launched else np.zeros((len(r), 2))  # measured points: no line to split
         carry = np.full(len(r), float(w.micro_batch * w.activation_bytes * counts.carry_width(model, i)))
-        terms.append(np.stack([fixed, work - fixed, price.work.params[r], price.work.sharded_params[r],
-                               price.work.tensors[r], *price.sharded[r].T, carry], axis=1))
+        terms.append(np.stack([fixed[:, 0], work[:, 0] - fixed[:, 0], split[:, 0], fixed[:, 1],
+                               work[:, 1] - fixed[:, 1], split[:, 1], price.work.params[r],
+                               price.work.sharded_params[r], price.work.tensors[r], *price.sharded[r].T, carry], axis=1))
     return np.stack(terms, axis=1)
 
 
-TERMS = ("fixed", "work", "params", "sharded_params", "tensors", "sharded_mixers", "sharded_mixer_params", "carry")
+TERMS = ("fixed_forward", "work_forward", "split_forward", "fixed_backward", "work_backward", "split_backward",
+         "params", "sharded_params", "tensors", "sharded_mixers", "sharded_mixer_params", "carry")
 CARRY = TERMS.index("carry")  # bytes a stage ending at the layer hands on per micro-batch: not summed
+
+
+EXACT_MESHES = 2  # pipelines of at most this many stages are bounded for each combination of their meshes
 
 
 @dataclass(frozen=True)
@@ -207,17 +220,17 @@ class Floor:
     over candidates)."""
 
     step: np.ndarray  # per step: its micro-batches, gradient sync and update
-    each: np.ndarray  # per micro-batch: forward and backward
+    forward: np.ndarray  # per micro-batch
+    backward: np.ndarray  # per micro-batch, with its gradient accumulation (and sync, unless run once)
     after: np.ndarray  # after its last backward: the update (and a sync run once)
 
 
 def pipeline_bound(pricer: Pricer, terms: np.ndarray, depth: np.ndarray) -> np.ndarray:
     """The least step time any pipeline of Auto search's space could take, per candidate: over
-    its pipeline degrees, cuts of its layers into stages and placements (auto.placements), the
-    slowest stage's floor, and no less than the first stage's wait: stage s starts after the
-    stages before it ran the first micro-batch's forward (and sent it on), and ends before they
-    run its last backward (sent back) and the first stage its update. What it leaves out
-    (launches, remat, memory) only adds time. terms: [candidate, layer, TERMS] (_layer_terms,
+    its pipeline degrees, cuts of its layers into stages and placements (auto.placements), plan-wide
+    settings and schedules, cost.simulate of its stages' floors (which only adds and takes
+    maxima, so lower times give a lower end), and no less than its slowest stage's floor. What it
+    leaves out (remat, memory) only adds time. terms: [candidate, layer, TERMS] (_layer_terms,
     past a model's `depth` layers zeros)."""
     least = np.full(len(terms), np.inf)
     for layers in np.unique(depth):
@@ -230,9 +243,9 @@ def _pipelines(pricer: Pricer, terms: np.ndarray) -> np.ndarray:
     layers, per_host = terms.shape[1], pricer.job.cluster.num_devices_per_host
     micro = pricer.job.num_micro_batches
     ends = np.concatenate([np.zeros_like(terms[:, :1]), np.cumsum(terms, axis=1)], axis=1)
-    floors: dict[tuple, dict[tuple[str, bool], Floor]] = {}
+    floors: dict[tuple, dict[tuple[str, bool], list[Floor]]] = {}
 
-    def floor(i: int, j: int, devices: tuple[int, ...]) -> dict[tuple[str, bool], Floor]:
+    def floor(i: int, j: int, devices: tuple[int, ...]) -> dict[tuple[str, bool], list[Floor]]:
         key = (i, j, tuple(d - devices[0] // per_host * per_host for d in devices))  # the same on any host
         if key not in floors:
             floors[key] = stage_floors(pricer, ends[:, j] - ends[:, i], devices)
@@ -245,17 +258,31 @@ def _pipelines(pricer: Pricer, terms: np.ndarray) -> np.ndarray:
             edges = (0, *cuts, layers)
             for devices in placed:
                 priced = [floor(a, b, tuple(d)) for a, b, d in zip(edges, edges[1:], devices)]
-                hops = [2 * _hop(pricer, terms[:, cut - 1, CARRY], len(d)) for cut, d in zip(cuts, devices)]
+                hops = [_hop(pricer, terms[:, cut - 1, CARRY], len(d)) for cut, d in zip(cuts, devices)]
                 for setting in set.intersection(*(set(p) for p in priced)):
-                    least = np.minimum(least, _slowest([p[setting] for p in priced], hops, micro))
+                    per_mesh = [p[setting] for p in priced]  # each stage's mesh its own: every combination
+                    combos = itertools.product(*per_mesh) if pp <= EXACT_MESHES else [[_least(m) for m in per_mesh]]
+                    for stages in combos:
+                        least = np.minimum(least, _simulated(pricer, devices, setting, list(stages), hops))
     return least
 
 
-def _slowest(stages: list[Floor], hops: list[np.ndarray], micro: int) -> np.ndarray:
-    """The pipeline's least time: its slowest stage, or the first micro-batch's wait."""
-    waited = np.cumsum([s.each + hop for s, hop in zip(stages, hops)], axis=0)  # [stage, candidate]
-    chain = np.max(waited + micro * np.array([s.each for s in stages[1:]]), axis=0) + stages[0].after
-    return np.maximum(np.max([s.step for s in stages], axis=0), chain)
+def _least(floors: list[Floor]) -> Floor:
+    """A floor of any of these meshes: each figure's least (looser than each mesh's own)."""
+    return Floor(*(functools.reduce(np.minimum, figures) for figures in zip(*(dataclasses.astuple(f) for f in floors))))
+
+
+def _simulated(pricer: Pricer, devices: list[tuple[int, ...]], setting: tuple[str, bool], stages: list[Floor],
+               hops: list[np.ndarray]) -> np.ndarray:
+    """The least end of cost.simulate over the schedules, of stages at their floors."""
+    axis, zero = setting
+    plan_stages = tuple(StagePlan(((0,),), tuple(d), 1, 1) for d in devices)
+    priced = [StageCost(s.forward, s.backward, s.after, {}, Memory()) for s in stages]
+    w = pricer.workload(pricer.job.model, ())
+    ends = [functools.reduce(np.maximum, simulate(w, Plan(plan_stages, pricer.job.num_micro_batches, axis, False,
+                                                          zero, schedule, "chosen"), priced, hops)[0])
+            for schedule in SCHEDULES]
+    return np.maximum(functools.reduce(np.minimum, ends), np.max([s.step for s in stages], axis=0))
 
 
 def _hop(pricer: Pricer, carry: np.ndarray, size: int) -> np.ndarray:
@@ -264,20 +291,19 @@ def _hop(pricer: Pricer, carry: np.ndarray, size: int) -> np.ndarray:
     return np.minimum(*(point_to_point(carry / size, link) for link in (pricer.intra, pricer.inter)))
 
 
-def stage_floors(pricer: Pricer, sums: np.ndarray, devices: tuple[int, ...]) -> dict[tuple[str, bool], Floor]:
+def stage_floors(pricer: Pricer, sums: np.ndarray, devices: tuple[int, ...]) -> dict[tuple[str, bool], list[Floor]]:
     """A pipeline stage of these layers (sums: [candidate, TERMS]) on these devices, per (batch
     axis, ZeRO-2) that has a mesh there, any mesh: its micro-batches' compute, each device paying the fixed costs and an even share of
     the rest; and, priced by the cost model's own functions, op's collectives, its gradient
     accumulation, sync (in each micro-batch's backward or once) and update."""
-    fixed, work, params, sharded, tensors, mixers, weights, _ = sums.T
+    fixed_f, work_f, split_f, fixed_b, work_b, split_b, params, sharded, tensors, mixers, weights, _ = sums.T
     p, job, n, size = pricer.profile, pricer.job, pricer.n, len(devices)
     micro = job.num_micro_batches
     w = pricer.workload(job.model, (counts.Work(params=params, sharded_params=sharded, tensors=tensors),))
-    compute = fixed + work / size
     floors = {}
     for axis, zero in itertools.product(MESH_AXES, (False, True)):
         once = Plan((), micro, axis, False, zero, SCHEDULES[0], "chosen").syncs_once(2)
-        step, each, after = (np.full(len(sums), np.inf) for _ in range(3))
+        found = []
         for dp, op in meshes(job, size, axis):
             mesh = Submesh(devices, dp, op, axis)
             _, collectives = op_collective(w, counts.Work(sharded_params=weights), w.micro_batch / mesh.batch_shards,
@@ -285,13 +311,21 @@ def stage_floors(pricer: Pricer, sums: np.ndarray, devices: tuple[int, ...]) -> 
             _, sync = gradient_sync(w, [0], mesh, zero, n)
             update, _ = stage_update(w, [0], mesh, zero, n)
             accumulate = accumulate_time(stage_grads(w, [0], mesh, zero), p, memory_share(p, n), micro)
-            one = compute + collectives + accumulate + (0 if once else sync)
-            step = np.minimum(step, micro * one + update + (sync if once else 0))
-            each = np.minimum(each, one)
-            after = np.minimum(after, update + (sync if once else 0))
-        if meshes(job, size, axis):
-            floors[axis, zero] = Floor(step, each, after)
+            fwd = fixed_f + _share(work_f, split_f, mesh) + collectives / 2
+            bwd = fixed_b + _share(work_b, split_b, mesh) + collectives / 2 + accumulate + (0 if once else sync)
+            after = update + (sync if once else 0)
+            found.append(Floor(micro * (fwd + bwd) + after, fwd, bwd, after))
+        if found:
+            floors[axis, zero] = found
     return floors
+
+
+def _share(work: np.ndarray, split: np.ndarray, mesh: Submesh) -> np.ndarray:
+    """A device's share of one device's work on this mesh: its batch shard, of which op splits
+    `split` where the batch is on dp; all of it where the batch is on op (dp replicates it)."""
+    if mesh.batch_axis == "op":
+        return work / mesh.op
+    return (work - split) / mesh.dp + split / (mesh.dp * mesh.op)
 
 
 def _has_points(profile: DeviceProfile) -> bool:
