@@ -84,10 +84,11 @@ def time_ranking(name: str, fixture: Path) -> None:
     found = ranking.candidates(query)
     print(f"candidates: {len(found):,} in {time.perf_counter() - start:.2f} s", flush=True)
     total = time.perf_counter() - start
-    targets = ranking.targets(config, lambda cluster: "sim")
+    targets, book, prices = ranking.targets(config, lambda cluster: "sim"), ProfileBook(), {}
     for target in targets:
         began = time.perf_counter()
-        ranked = ranking.rank_target(target, config.training, ProfileBook(), config.links, found, ranking.DEFAULT_TOP)
+        ranked = ranking.rank_target(target, config.training, book, config.links, found, ranking.DEFAULT_TOP,
+                                     prices=prices)
         seconds = time.perf_counter() - began
         total += seconds
         best = int(ranked.top(1)[0])

@@ -23,27 +23,19 @@ from dataclasses import dataclass
 import numpy as np
 
 from codesign.planner.auto import meshes, placements
-from codesign.planner.formulas import Memory, StageCost
 from codesign.planner.cost import (
-    PARAM_BYTES,
-    Compute,
     Submesh,
     Workload,
-    accumulate_time,
-    gradient_sync,
     layer_compute,
     one_program,
     op_collective,
-    point_to_point,
+    finish,
     simulate,
-    stage_compute,
     stage_cost,
-    stage_grads,
-    stage_update,
 )
 from codesign.planner.device_profiles import DeviceProfile, ProfileBook, cluster_links
+from codesign.planner.formulas import Compute, Memory, StageCost, point_to_point
 from codesign.planner.plan import MESH_AXES, Plan, StagePlan
-from codesign.planner.shared_cores import memory_share
 from codesign.config.loader import LinkSpec
 from codesign.config.types import SCHEDULES, Job, ModelSpec, TrainingSpec
 from codesign.zhen import counts, search
@@ -64,7 +56,7 @@ class Variant:
 class LayerPrices:
     """One position of a block: per multiset row (and variant), what the layer costs."""
 
-    compute: Compute  # fields [row, variant]: one micro-batch through it on the variant's mesh
+    compute: Compute  # fields [row, mesh]: one micro-batch through it on each of Pricer.meshes
     work: counts.Work  # fields [row]: its counts
     solo: np.ndarray  # [row, 2]: forward, backward of a micro-batch on one device (the bounds' work)
     launch: np.ndarray  # [row, 2]: of those, the fixed costs per call, which every device of a stage pays
@@ -76,17 +68,19 @@ class Pricer:
     """One target's prices: every distinct layer (mixers, widths) priced once per variant."""
 
     def __init__(self, job: Job, training: TrainingSpec, book: ProfileBook, links: Iterable[LinkSpec],
-                 groups: int):
+                 groups: int, positions: dict[tuple, LayerPrices] | None = None):
         self.job, self.training = job, training
         self.profile: DeviceProfile = book.for_job(job)
         self.intra, self.inter = cluster_links(self.profile, job.cluster, tuple(links))
         self.n = job.cluster.num_devices
         self.variants = [Variant(dp, op, axis, zero) for axis in MESH_AXES for zero in (False, True)
                          for dp, op in meshes(job, self.n, axis)]
-        self.meshes = [Submesh(tuple(range(self.n)), v.dp, v.op, v.axis) for v in self.variants]
+        meshes_of = [Submesh(tuple(range(self.n)), v.dp, v.op, v.axis) for v in self.variants]
+        self.meshes = list(dict.fromkeys(meshes_of))  # ZeRO-2 or not, a mesh computes alike
+        self.mesh_of = [self.meshes.index(m) for m in meshes_of]
         self.plans = [Plan((), job.num_micro_batches, v.axis, False, v.zero, SCHEDULES[0], "chosen")
                       for v in self.variants]
-        self.positions: dict[tuple, LayerPrices] = {}
+        self.positions = {} if positions is None else positions  # another target's, where only its groups differ
         self.degrees = min(groups, self.n)  # the most pipeline stages
         # pipeline_bound holds for devices of their own: on shared cores a stage runs at its own
         # devices' speed, faster than the one-device work it spreads
@@ -104,7 +98,7 @@ class Pricer:
             rows = search.multisets(block.layers[i], len(block.kinds))
             priced = [self.layer(search.layer_tokens(block.kinds, r), block, i, base) for r in rows]
             computes, works, solo, launch, split, sharded = zip(*priced)
-            fields = np.array([[c.astuple() for c in row] for row in computes])  # [row, variant, field]
+            fields = np.array([[c.astuple() for c in row] for row in computes])  # [row, mesh, field]
             self.positions[key] = LayerPrices(Compute(*np.moveaxis(fields, 2, 0)),
                                               counts.Work(*np.array([w.astuple() for w in works]).T),
                                               np.array(solo), np.array(launch), np.array(split),
@@ -117,11 +111,10 @@ class Pricer:
         own, mixers = _layer_work(proxy, i, self.training.fold_dot)
         work = sum((w for _, w in mixers), own)
         w = self.workload(proxy, (work,), (own,), (mixers,))
-        one = Submesh((0,), 1, 1)
         alone, halved = (layer_compute(w, 0, Submesh(tuple(range(op)), 1, op), self.n) for op in (1, 2))
         sharded = [m.sharded_params for _, m in mixers if m.sharded_flops]  # as layer_compute asks op_collective
         return ([layer_compute(w, 0, mesh, self.n) for mesh in self.meshes], work,
-                stage_compute(w, [0], one, False, self.n)[:2], (alone.fixed, alone.overheads - alone.fixed),
+                finish(self.profile, 1, False, alone)[:2], (alone.fixed, alone.overheads - alone.fixed),
                 (2 * (alone.forward - halved.forward), 2 * (alone.backward - halved.backward)),
                 (len(sharded), sum(sharded)))
 
@@ -160,10 +153,11 @@ def one_programs(pricer: Pricer, block: search.Block, rows: list[np.ndarray],
     works = tuple(counts.Work(*(f[r] for f in p.work.astuple())) for p, r in zip(prices, rows))
     w = pricer.workload(_proxy(base, block.layers), works)
     layers = tuple(range(len(block.layers)))
-    seconds, memory = (np.empty(compute.forward.shape) for _ in range(2))
+    seconds, memory = (np.empty((len(rows[0]), len(pricer.variants))) for _ in range(2))
     for v, (variant, plan) in enumerate(zip(pricer.variants, pricer.plans)):
         stage = StagePlan((layers,), tuple(range(pricer.n)), variant.dp, variant.op)
-        priced = stage_cost(w, stage, 0, plan, pricer.n, 1, compute=Compute(*(f[:, v] for f in compute.astuple())))
+        mesh = pricer.mesh_of[v]
+        priced = stage_cost(w, stage, 0, plan, pricer.n, 1, compute=Compute(*(f[:, mesh] for f in compute.astuple())))
         seconds[:, v], memory[:, v] = one_program(w, plan, priced, pricer.n), np.floor(priced.memory.total)
     return seconds, memory
 
@@ -293,28 +287,24 @@ def _hop(pricer: Pricer, carry: np.ndarray, size: int) -> np.ndarray:
 
 def stage_floors(pricer: Pricer, sums: np.ndarray, devices: tuple[int, ...]) -> dict[tuple[str, bool], list[Floor]]:
     """A pipeline stage of these layers (sums: [candidate, TERMS]) on these devices, per (batch
-    axis, ZeRO-2) that has a mesh there, any mesh: its micro-batches' compute, each device paying the fixed costs and an even share of
-    the rest; and, priced by the cost model's own functions, op's collectives, its gradient
-    accumulation, sync (in each micro-batch's backward or once) and update."""
+    axis, ZeRO-2) and mesh: cost.stage_cost of its compute at least, each device paying the fixed
+    costs and its share of the work (_share), with op's collectives; the cost model adds its
+    gradient accumulation, sync and update."""
     fixed_f, work_f, split_f, fixed_b, work_b, split_b, params, sharded, tensors, mixers, weights, _ = sums.T
-    p, job, n, size = pricer.profile, pricer.job, pricer.n, len(devices)
-    micro = job.num_micro_batches
+    job, n, micro = pricer.job, pricer.n, pricer.job.num_micro_batches
     w = pricer.workload(job.model, (counts.Work(params=params, sharded_params=sharded, tensors=tensors),))
     floors = {}
     for axis, zero in itertools.product(MESH_AXES, (False, True)):
-        once = Plan((), micro, axis, False, zero, SCHEDULES[0], "chosen").syncs_once(2)
+        plan = Plan((), micro, axis, False, zero, SCHEDULES[0], "chosen")
         found = []
-        for dp, op in meshes(job, size, axis):
+        for dp, op in meshes(job, len(devices), axis):
             mesh = Submesh(devices, dp, op, axis)
-            _, collectives = op_collective(w, counts.Work(sharded_params=weights), w.micro_batch / mesh.batch_shards,
-                                           mesh, mixers) if op > 1 else ("", 0.0)
-            _, sync = gradient_sync(w, [0], mesh, zero, n)
-            update, _ = stage_update(w, [0], mesh, zero, n)
-            accumulate = accumulate_time(stage_grads(w, [0], mesh, zero), p, memory_share(p, n), micro)
-            fwd = fixed_f + _share(work_f, split_f, mesh) + collectives / 2
-            bwd = fixed_b + _share(work_b, split_b, mesh) + collectives / 2 + accumulate + (0 if once else sync)
-            after = update + (sync if once else 0)
-            found.append(Floor(micro * (fwd + bwd) + after, fwd, bwd, after))
+            kind, collectives = op_collective(w, counts.Work(sharded_params=weights), w.micro_batch / mesh.batch_shards,
+                                              mesh, mixers) if op > 1 else ("", 0.0)
+            compute = Compute(fixed_f + _share(work_f, split_f, mesh), fixed_b + _share(work_b, split_b, mesh),
+                              **{"all_reduce" if kind == "op all-reduce" else "all_gather": collectives})
+            c = stage_cost(w, StagePlan(((0,),), devices, dp, op), 0, plan, n, 2, 1, compute)
+            found.append(Floor(micro * (c.forward + c.backward) + c.update, c.forward, c.backward, c.update))
         if found:
             floors[axis, zero] = found
     return floors

@@ -4,6 +4,7 @@ call, Adam and gradient accumulation as memory traffic. Pure Python; planner.cos
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from codesign.planner.device_profiles import DeviceProfile, Link, Points, interpolated
 
@@ -71,6 +72,30 @@ class Estimate:
                 "communication": dict(self.communication), "bubble": self.bubble,
                 "optimizer": self.optimizer, "memory": self.memory.as_dict(),
                 "peak_bytes": self.peak_bytes, "fits": self.fits}
+
+
+@dataclass(frozen=True)
+class Compute:
+    """One micro-batch's compute through some layers on a submesh, summed layer by layer before
+    the stage's lockstep and remat (cost.finish). Fields are seconds, or arrays of them where many
+    models are priced at once (planner.fast_pass)."""
+
+    forward: Any = 0.0
+    backward: Any = 0.0
+    fixed: Any = 0.0  # the forward's fixed costs per call
+    overheads: Any = 0.0  # the fixed costs per call of forward and backward
+    all_reduce: Any = 0.0  # op's collectives: the outputs' all-reduce (batch on dp)
+    all_gather: Any = 0.0  # or the weights' all-gather and reduce-scatter (batch on op)
+
+    def __add__(self, other: Compute) -> Compute:
+        return Compute(*(a + b for a, b in zip(self.astuple(), other.astuple())))
+
+    def astuple(self) -> tuple:
+        return (self.forward, self.backward, self.fixed, self.overheads, self.all_reduce, self.all_gather)
+
+    @property
+    def communication(self) -> dict[str, Any]:
+        return {"op all-reduce": self.all_reduce, "op all-gather": self.all_gather}
 
 
 # -- formulas --------------------------------------------------------------------------------

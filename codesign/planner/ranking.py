@@ -162,15 +162,18 @@ class Ranking:
 def rank(query: search.Search, config: Config, book: ProfileBook, platform_of: Callable[[ClusterSpec], str],
          top: int = DEFAULT_TOP, prune: bool = True) -> tuple[Candidates, list[Ranking]]:
     """Every candidate of the query on every target of the config, best plan each."""
-    found = candidates(query)
-    return found, [rank_target(t, config.training, book, config.links, found, top, prune)
+    found, prices = candidates(query), {}
+    return found, [rank_target(t, config.training, book, config.links, found, top, prune, prices)
                    for t in targets(config, platform_of)]
 
 
 def rank_target(target: Target, training: TrainingSpec, book: ProfileBook, links: Sequence[LinkSpec],
-                found: Candidates, top: int, prune: bool = True) -> Ranking:
-    """The fast pass over every candidate, then the full searches it cannot stand for."""
-    pricer = Pricer(target.job(found.base, training), training, book, links, target.parallel.num_auto_layers)
+                found: Candidates, top: int, prune: bool = True, prices: dict | None = None) -> Ranking:
+    """The fast pass over every candidate, then the full searches it cannot stand for. prices: the
+    layer prices of the targets ranked before (with the same training, profiles and links)."""
+    positions = None if prices is None else prices.setdefault((target.cluster, target.platform, target.micro), {})
+    pricer = Pricer(target.job(found.base, training), training, book, links, target.parallel.num_auto_layers,
+                    positions)
     ranking = _fast_ranking(target, pricer, found, top)
     exact = pricer.degrees == 1  # the space holds one-program plans only
     search_one = functools.partial(_search_one, ranking, found, training, book, links)
