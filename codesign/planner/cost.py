@@ -111,6 +111,11 @@ class Workload:
         hosts = len({d // per_host for d in devices})
         return hosts, max(1, len(devices) // hosts)
 
+    def link(self, src: Sequence[int], dst: Sequence[int]) -> Link:
+        """Between two stages' devices: inside a host where they share one, else across hosts."""
+        per_host = self.cluster.num_devices_per_host
+        return self.intra if {d // per_host for d in src} & {d // per_host for d in dst} else self.inter
+
     def collective(self, kind, nbytes: float, devices: Sequence[int], calls: int = 1) -> float:
         return hierarchical(kind, nbytes, *self.group(devices), self.intra, self.inter, calls)
 
@@ -429,10 +434,8 @@ def transfer_time(w: Workload, plan: Plan, index: int) -> float:
     each source device sends its batch shard; across hosts when the two stages share none."""
     src, dst = plan.stages[index], plan.stages[index + 1]
     nbytes = w.micro_batch * w.activation_bytes * counts.carry_width(w.model, src.layers[-1])
-    per_host = w.cluster.num_devices_per_host
-    same_host = {d // per_host for d in src.device_ids} & {d // per_host for d in dst.device_ids}
-    link = w.intra if same_host else w.inter
-    return point_to_point(nbytes / Submesh.of(src, plan.batch_axis).batch_shards, link)
+    shards = Submesh.of(src, plan.batch_axis).batch_shards
+    return point_to_point(nbytes / shards, w.link(src.device_ids, dst.device_ids))
 
 
 def simulate(w: Workload, plan: Plan, stages: list[StageCost],

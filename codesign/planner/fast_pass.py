@@ -26,10 +26,10 @@ from codesign.planner.auto import meshes, placements
 from codesign.planner.cost import (
     Submesh,
     Workload,
+    finish,
     layer_compute,
     one_program,
     op_collective,
-    finish,
     simulate,
     stage_cost,
 )
@@ -39,7 +39,6 @@ from codesign.planner.plan import MESH_AXES, Plan, StagePlan
 from codesign.config.loader import LinkSpec
 from codesign.config.types import SCHEDULES, Job, ModelSpec, TrainingSpec
 from codesign.zhen import counts, search
-
 
 
 @dataclass(frozen=True)
@@ -65,7 +64,7 @@ class LayerPrices:
 
 
 class Pricer:
-    """One target's prices: every distinct layer (mixers, widths) priced once per variant."""
+    """One target's prices: every distinct layer (mixers, widths) priced once per mesh."""
 
     def __init__(self, job: Job, training: TrainingSpec, book: ProfileBook, links: Iterable[LinkSpec],
                  groups: int, positions: dict[tuple, LayerPrices] | None = None):
@@ -176,27 +175,30 @@ def fast_pass(pricer: Pricer, block: search.Block, index: np.ndarray, base: Mode
     solo = [p.solo[r] for p, r in zip(prices, rows)]  # [candidate, 2] per layer
     bound = np.maximum(3 * flops * pricer.job.global_batch / (n * _peak(pricer.profile, pricer.training.precision)),
                        micro * sum(s.sum(axis=1) for s in solo) / n)
+    terms = (_layer_terms(pricer, prices, rows, solo, _proxy(base, block.layers)) if pricer.pipelines
+             else np.zeros((len(index), 0, len(TERMS))))
     return Fast(np.where(fits.any(axis=1), pick(seconds), np.inf),
                 np.where(fits.any(axis=1), pick(memory), memory.min(axis=1)), best, seconds.min(axis=1),
-                bound, flops, _layer_terms(pricer, prices, rows, solo, _proxy(base, block.layers)) if pricer.pipelines else np.zeros((len(index), 0, len(TERMS))))
+                bound, flops, terms)
 
 
 def _layer_terms(pricer: Pricer, prices: list[LayerPrices], rows: list[np.ndarray], solo: list[np.ndarray],
                  model: ModelSpec) -> np.ndarray:
     """Per candidate and layer, what pipeline_bound adds up over a stage's layers (TERMS): of one
     micro-batch on one device, the fixed costs per call, which every device of a stage pays (none
-    counted where measured points price the calls), and the rest of its work, which the stage's
-    devices at best share evenly; its parameters; what it hands on."""
+    counted where measured points price the calls), the rest of its work and what op splits of
+    it (_share); its parameters; what it hands on."""
     launched = not _has_points(pricer.profile)
     terms = []
     w = pricer.workload(model, ())
     for i, (price, r, work) in enumerate(zip(prices, rows, solo)):
         fixed = price.launch[r] if launched else np.zeros((len(r), 2))
-        split = price.split[r] if launched else np.zeros((len(r), 2))  # measured points: no line to split
+        split = price.split[r] if launched else work  # measured points: no line to split, all of it at best
         carry = np.full(len(r), float(w.micro_batch * w.activation_bytes * counts.carry_width(model, i)))
         terms.append(np.stack([fixed[:, 0], work[:, 0] - fixed[:, 0], split[:, 0], fixed[:, 1],
                                work[:, 1] - fixed[:, 1], split[:, 1], price.work.params[r],
-                               price.work.sharded_params[r], price.work.tensors[r], *price.sharded[r].T, carry], axis=1))
+                               price.work.sharded_params[r], price.work.tensors[r], *price.sharded[r].T, carry],
+                              axis=1))
     return np.stack(terms, axis=1)
 
 
@@ -210,8 +212,8 @@ EXACT_MESHES = 2  # pipelines of at most this many stages are bounded for each c
 
 @dataclass(frozen=True)
 class Floor:
-    """At least, over any mesh, what a pipeline stage spends under one plan-wide setting (arrays
-    over candidates)."""
+    """At least what a pipeline stage spends on one mesh under one plan-wide setting (arrays over
+    candidates)."""
 
     step: np.ndarray  # per step: its micro-batches, gradient sync and update
     forward: np.ndarray  # per micro-batch
@@ -252,7 +254,8 @@ def _pipelines(pricer: Pricer, terms: np.ndarray) -> np.ndarray:
             edges = (0, *cuts, layers)
             for devices in placed:
                 priced = [floor(a, b, tuple(d)) for a, b, d in zip(edges, edges[1:], devices)]
-                hops = [_hop(pricer, terms[:, cut - 1, CARRY], len(d)) for cut, d in zip(cuts, devices)]
+                hops = [_hop(pricer, terms[:, cut - 1, CARRY], src, dst)
+                        for cut, src, dst in zip(cuts, devices, devices[1:])]
                 for setting in set.intersection(*(set(p) for p in priced)):
                     per_mesh = [p[setting] for p in priced]  # each stage's mesh its own: every combination
                     combos = itertools.product(*per_mesh) if pp <= EXACT_MESHES else [[_least(m) for m in per_mesh]]
@@ -279,10 +282,11 @@ def _simulated(pricer: Pricer, devices: list[tuple[int, ...]], setting: tuple[st
     return np.maximum(functools.reduce(np.minimum, ends), np.max([s.step for s in stages], axis=0))
 
 
-def _hop(pricer: Pricer, carry: np.ndarray, size: int) -> np.ndarray:
-    """At least a stage of `size` devices' seconds to send one micro-batch's carry on (or a
-    cotangent back): its batch shards at most `size`, on the faster link."""
-    return np.minimum(*(point_to_point(carry / size, link) for link in (pricer.intra, pricer.inter)))
+def _hop(pricer: Pricer, carry: np.ndarray, src: Sequence[int], dst: Sequence[int]) -> np.ndarray:
+    """At least the seconds to send one micro-batch's carry from stage to stage (or a cotangent
+    back), as cost.transfer_time: the source's batch shards at most its devices."""
+    w = pricer.workload(pricer.job.model, ())
+    return point_to_point(carry / len(src), w.link(src, dst))
 
 
 def stage_floors(pricer: Pricer, sums: np.ndarray, devices: tuple[int, ...]) -> dict[tuple[str, bool], list[Floor]]:
