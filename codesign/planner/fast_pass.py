@@ -14,7 +14,6 @@ time any pipeline of its layers could take.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import itertools
 from collections.abc import Iterable, Sequence
@@ -221,21 +220,22 @@ class Floor:
     after: np.ndarray  # after its last backward: the update (and a sync run once)
 
 
-def pipeline_bound(pricer: Pricer, terms: np.ndarray, depth: np.ndarray) -> np.ndarray:
+def pipeline_bound(pricer: Pricer, terms: np.ndarray, depth: np.ndarray, threshold: float = np.inf) -> np.ndarray:
     """The least step time any pipeline of Auto search's space could take, per candidate: over
     its pipeline degrees, cuts of its layers into stages and placements (auto.placements), plan-wide
     settings and schedules, cost.simulate of its stages' floors (which only adds and takes
     maxima, so lower times give a lower end), and no less than its slowest stage's floor. What it
     leaves out (remat, memory) only adds time. terms: [candidate, layer, TERMS] (_layer_terms,
-    past a model's `depth` layers zeros)."""
+    past a model's `depth` layers zeros). Only candidates whose slowest stage is under
+    `threshold` are simulated: the others' bound is already no lower."""
     least = np.full(len(terms), np.inf)
     for layers in np.unique(depth):
         chosen = np.flatnonzero(depth == layers)
-        least[chosen] = _pipelines(pricer, terms[chosen, :layers])
+        least[chosen] = _pipelines(pricer, terms[chosen, :layers], threshold)
     return least
 
 
-def _pipelines(pricer: Pricer, terms: np.ndarray) -> np.ndarray:
+def _pipelines(pricer: Pricer, terms: np.ndarray, threshold: float) -> np.ndarray:
     layers, per_host = terms.shape[1], pricer.job.cluster.num_devices_per_host
     micro = pricer.job.num_micro_batches
     ends = np.concatenate([np.zeros_like(terms[:, :1]), np.cumsum(terms, axis=1)], axis=1)
@@ -247,7 +247,7 @@ def _pipelines(pricer: Pricer, terms: np.ndarray) -> np.ndarray:
             floors[key] = stage_floors(pricer, ends[:, j] - ends[:, i], devices)
         return floors[key]
 
-    least = np.full(len(terms), np.inf)
+    shapes, slowest = [], np.full(len(terms), np.inf)
     for pp in range(2, min(pricer.degrees, layers) + 1):
         placed = list(placements(pricer.job, pp))
         for cuts in itertools.combinations(range(1, layers), pp - 1):
@@ -256,17 +256,40 @@ def _pipelines(pricer: Pricer, terms: np.ndarray) -> np.ndarray:
                 priced = [floor(a, b, tuple(d)) for a, b, d in zip(edges, edges[1:], devices)]
                 hops = [_hop(pricer, terms[:, cut - 1, CARRY], src, dst)
                         for cut, src, dst in zip(cuts, devices, devices[1:])]
-                for setting in set.intersection(*(set(p) for p in priced)):
-                    per_mesh = [p[setting] for p in priced]  # each stage's mesh its own: every combination
-                    combos = itertools.product(*per_mesh) if pp <= EXACT_MESHES else [[_least(m) for m in per_mesh]]
-                    for stages in combos:
-                        least = np.minimum(least, _simulated(pricer, devices, setting, list(stages), hops))
+                settings = set.intersection(*(set(p) for p in priced))
+                shapes.append((devices, [{k: p[k] for k in settings} for p in priced], hops))
+                for setting in settings:
+                    steps = [functools.reduce(np.minimum, (f.step for f in p[setting])) for p in priced]
+                    slowest = np.minimum(slowest, functools.reduce(np.maximum, steps))
+    close = np.flatnonzero(slowest < threshold)
+    if close.size:
+        slowest[close] = np.maximum(slowest[close], _simulations(pricer, shapes, close))
+    return slowest
+
+
+def _simulations(pricer: Pricer, shapes: list, close: np.ndarray) -> np.ndarray:
+    """The least simulated end, over the pipelines' `shapes`, of the `close` candidates."""
+    least = np.full(len(close), np.inf)
+    for devices, priced, hops in shapes:
+        for setting in priced[0]:
+            per_mesh = [[_of(f, close) for f in p[setting]] for p in priced]  # each stage's mesh its own
+            combos = itertools.product(*per_mesh) if len(devices) <= EXACT_MESHES else [[_least(m) for m in per_mesh]]
+            for stages in combos:
+                least = np.minimum(least, _simulated(pricer, devices, setting, list(stages), [h[close] for h in hops]))
     return least
+
+
+def _of(floor: Floor, chosen: np.ndarray) -> Floor:
+    return Floor(*(np.broadcast_to(x, floor.step.shape)[chosen] for x in _fields(floor)))
+
+
+def _fields(floor: Floor) -> tuple:
+    return floor.step, floor.forward, floor.backward, floor.after
 
 
 def _least(floors: list[Floor]) -> Floor:
     """A floor of any of these meshes: each figure's least (looser than each mesh's own)."""
-    return Floor(*(functools.reduce(np.minimum, figures) for figures in zip(*(dataclasses.astuple(f) for f in floors))))
+    return Floor(*(functools.reduce(np.minimum, figures) for figures in zip(*(_fields(f) for f in floors))))
 
 
 def _simulated(pricer: Pricer, devices: list[tuple[int, ...]], setting: tuple[str, bool], stages: list[Floor],

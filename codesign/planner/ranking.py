@@ -4,15 +4,14 @@ The candidates are every model of `codesign search`'s space within --param-toler
 (no draw). For each target (a cluster of the config, with an Auto search spec and micro-batch
 count), each candidate gets the plan Auto search would choose, in three steps:
 
-- a fast pass prices every candidate's one-program plans (pp = 1: each (dp, op), batch axis and
-  ZeRO-2, without remat, which only ever adds time) exactly as `cost.estimate` does, but from
-  per-layer prices: a layer's compute is priced once per (mixers, widths) and variant, and a
-  candidate's time is sums over its layers plus its gradient sync and update, computed on all
+- a fast pass (planner.fast_pass) prices every candidate's one-program plans (pp = 1: each
+  (dp, op), batch axis and ZeRO-2, without remat, which only ever adds time) through the cost
+  model's own stage functions, from per-layer prices: a layer's compute is priced once per
+  (mixers, widths) and mesh, and a candidate's stage is the sum over its layers, priced on all
   candidates of a block at once. Where the spec has one layer group (or the cluster one device)
   that is Auto search's whole space, so the pass is its answer;
-- a lower bound on any plan's time, the largest of: its FLOPs at the device's fastest rate; its
-  layers' one-device work spread over every device (work is conserved); the fixed costs per call
-  that every device of a stage pays, over the most pipeline stages the spec allows;
+- a lower bound on any plan's time (fast_pass): the least of the one-program plans' times and
+  of any pipeline's, each pipeline simulated with its stages at what they spend at least;
 - the full Auto search (`auto.choose_plan`) where the fast pass is not the answer: a candidate no
   one-program plan fits (it gets the reason when nothing fits), and, in ascending bound order, the
   candidates whose bound beats the K-th best time known so far (pruning stops at the first that
@@ -220,7 +219,7 @@ def _tighten(bound: np.ndarray, least: np.ndarray, terms: np.ndarray, depth: np.
     knows, which the searches only lower): raise it to the least of the candidate's one-program
     plans' times and pipeline_bound, less a margin for rounding."""
     open_ = np.flatnonzero(bound < threshold)
-    tighter = np.minimum(least[open_], pipeline_bound(pricer, terms[open_], depth[open_]))
+    tighter = np.minimum(least[open_], pipeline_bound(pricer, terms[open_], depth[open_], threshold))
     bound[open_] = np.maximum(bound[open_], tighter * (1 - 1e-9))
 
 
