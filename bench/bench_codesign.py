@@ -1,13 +1,15 @@
 """Co-design search: the time to rank the default space, and how well the ranking predicts real runs.
 
-Goals (issue 23): the 79,705 equal-capacity candidates of the default space ranked on simulated
-H100 clusters of 8, 16 and 64 GPUs (bench/plan_sim.toml) in at most 60 s on 2 cores; on 4 virtual
-CPU devices, the predicted ranking of small candidates against their measured one (every
-candidate run): Spearman at least 0.8, the predicted best within 10% of the measured best.
-Prints figures; asserts nothing. Run it under `flock /tmp/codesign-bench.lock`.
+Goals (issues 23, 46): the 79,705 equal-capacity candidates of the default space ranked on simulated
+H100 clusters of 8, 16 and 64 GPUs (bench/plan_sim.toml) in at most 60 s on 2 cores; with layer
+groups (bench/codesign_groups.toml: num_auto_layers = 4, micro-batches [1, 4]) in at most 60 s, and
+with the users' fixture Auto specs (groups 2 and 4, micro-batches [1, 2, 4]) in at most 3 minutes,
+each under 4 GB of peak memory; on 4 virtual CPU devices, the predicted ranking of small candidates
+against their measured one (every candidate run): Spearman at least 0.8, the predicted best within
+10% of the measured best. Prints figures; asserts nothing. Run it under `flock /tmp/codesign-bench.lock`.
 
     python bench/bench_codesign.py              # both parts
-    python bench/bench_codesign.py --part time  # the ranking time only
+    python bench/bench_codesign.py --part time  # the ranking times only
     python bench/bench_codesign.py --part cpu   # the CPU runs only (a few minutes)
 """
 
@@ -15,7 +17,9 @@ from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -23,6 +27,10 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+FIXTURE = REPO.parent.parent / "shared" / "fixtures" / "user-configs" / "config.toml"
+# (what is ranked, its goal in seconds): each runs in its own process, for its own peak memory
+RANKINGS = {"plan_sim": ("bench/plan_sim.toml", 60), "groups": ("bench/codesign_groups.toml", 60),
+            "fixtures": ("the fixture config's Auto specs on bench/codesign_groups.toml's clusters", 180)}
 CPU_CONFIG = """
 [training_spec]
 avg_batch_size_per_device = 64
@@ -51,30 +59,52 @@ CPU_SPACE = ["--base-features", "32", "--base-emb-dim", "16", "--base-output-per
              "--max-layers", "1", "--param-tolerance", "1", "--base-tokens", "DOT,LINEAR,ATTENTION,LINEAR"]
 
 
-def time_default() -> None:
-    """Rank the default space on bench/plan_sim.toml, in process, one cluster at a time."""
+def ranked_config(name: str, fixture: Path):
+    """The config a RANKINGS entry ranks."""
+    from codesign.config.loader import load_config
+
+    if name != "fixtures":
+        return load_config(REPO / RANKINGS[name][0])
+    groups = load_config(REPO / "bench" / "codesign_groups.toml")
+    autos = tuple(p for p in load_config(fixture).parallels if p.is_auto)
+    return dataclasses.replace(groups, parallels=autos)
+
+
+def time_ranking(name: str, fixture: Path) -> None:
+    """Rank the default space on one RANKINGS config, in process, one target at a time."""
     from codesign.cli import build_search_parser
     from codesign.planner import ranking
     from codesign.planner.device_profiles import ProfileBook
-    from codesign.config.loader import load_config
     from codesign.zhen import search
 
-    config = load_config(REPO / "bench" / "plan_sim.toml")
+    config = ranked_config(name, fixture)
+    where, goal = RANKINGS[name]
     query = search.search_from_args(build_search_parser().parse_args([]))
     start = time.perf_counter()
     found = ranking.candidates(query)
-    print(f"candidates: {len(found):,} in {time.perf_counter() - start:.2f} s")
+    print(f"candidates: {len(found):,} in {time.perf_counter() - start:.2f} s", flush=True)
     total = time.perf_counter() - start
-    for target in ranking.targets(config, lambda cluster: "sim"):
+    targets, book, prices = ranking.targets(config, lambda cluster: "sim"), ProfileBook(), {}
+    for target in targets:
         began = time.perf_counter()
-        ranked = ranking.rank_target(target, config.training, ProfileBook(), config.links, found, ranking.DEFAULT_TOP)
+        ranked = ranking.rank_target(target, config.training, book, config.links, found, ranking.DEFAULT_TOP,
+                                     prices=prices)
         seconds = time.perf_counter() - began
         total += seconds
         best = int(ranked.top(1)[0])
         print(f"{target.describe()}: {seconds:.2f} s, {int(ranked.searched.sum())} searched in full; best "
               f"{found.model(best).summary()} at {ranked.global_batch / ranked.seconds[best]:,.0f} samples/s "
-              f"({ranked.plans[best]})")
-    print(f"ranking time, {len(found):,} candidates on 3 clusters: {total:.1f} s (goal: at most 60 s)")
+              f"({ranked.plans[best]})", flush=True)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
+    print(f"ranking time, {len(found):,} candidates on {len(targets)} targets of {where}: {total:.1f} s "
+          f"(goal: at most {goal} s); peak memory {peak:.2f} GiB (goal: under 4 GB)", flush=True)
+
+
+def time_all(fixture: Path) -> None:
+    """Each RANKINGS entry in a process of its own."""
+    for name in RANKINGS:
+        subprocess.run([sys.executable, __file__, "--ranking", name, "--fixture", str(fixture)], check=False,
+                       env={**os.environ, "PYTHONPATH": str(REPO)})
 
 
 def cpu_runs(keep: Path | None) -> None:
@@ -104,9 +134,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--part", choices=("time", "cpu", "both"), default="both")
     parser.add_argument("--keep", type=Path, help="Folder for the CPU part's config, DB and CSV (default: a temp one).")
+    parser.add_argument("--ranking", choices=tuple(RANKINGS), help="Time this ranking alone, in this process.")
+    parser.add_argument("--fixture", type=Path, default=FIXTURE, help="The users' config whose Auto specs are ranked.")
     args = parser.parse_args()
+    if args.ranking:
+        time_ranking(args.ranking, args.fixture)
+        return
     if args.part in ("time", "both"):
-        time_default()
+        time_all(args.fixture)
     if args.part in ("cpu", "both"):
         cpu_runs(args.keep)
 

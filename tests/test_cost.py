@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from codesign.planner import cost
+from codesign.planner import cost, shared_cores
 from codesign.planner.cost import (
     Memory,
     StageCost,
@@ -465,13 +465,13 @@ def test_a_pipeline_on_shared_cores_is_no_faster_than_its_packed_work():
 
     cpu = job(model=SMALL, batch=16, device="cpu", per_host=2, pp_dp_op=(2, 1, 1), micro=4, num_auto_layers=2)
     plan, stages, busy = stages_of(cpu)
-    bound = cost.shared_cores_bound(plan, stages, busy)
+    bound = shared_cores.packed_bound(plan, stages, busy)
     assert priced(cpu).seconds >= bound > 0.5 * sum(4 * (s.forward + s.backward) for s in stages)
-    contended = cost.shared_cores_bound(plan, stages, busy, contention=0.1)
+    contended = shared_cores.packed_bound(plan, stages, busy, contention=0.1)
     assert contended == pytest.approx((1 + 0.1 * (busy - 1)) * bound)
     gpu = job(per_host=4, pp_dp_op=(4, 1, 1), micro=8, num_auto_layers=4)
     plan, stages, busy = stages_of(gpu)
-    assert cost.shared_cores_bound(plan, stages, busy) < 0.5 * priced(gpu).seconds  # own devices: never binds
+    assert shared_cores.packed_bound(plan, stages, busy) < 0.5 * priced(gpu).seconds  # own devices: never binds
 
 
 def test_remat_on_cpu_recomputes_the_forward_without_its_fixed_costs_again():
@@ -489,7 +489,8 @@ def test_remat_on_cpu_recomputes_the_forward_without_its_fixed_costs_again():
 
 def test_launching_a_program_costs_the_cpu_host_once_per_device():
     cpu, gpu = BUILTIN["cpu"], BUILTIN["H100"]
-    assert cpu.call_cost(8) == pytest.approx(8 * cpu.call_cost(1)) and gpu.call_cost(8) == gpu.call_cost(1)
+    assert shared_cores.call_cost(cpu, 8) == pytest.approx(8 * shared_cores.call_cost(cpu, 1))
+    assert shared_cores.call_cost(gpu, 8) == shared_cores.call_cost(gpu, 1)
     j = job(model=SMALL, batch=16, device="cpu", per_host=8, pp_dp_op=(2, 4, 1), micro=4, num_auto_layers=2)
     idle = StageCost(0.0, 0.0, 0.0, {}, Memory())
     ends, _, _, host = simulate(Workload.of(j, cpu), make_plan(j), [idle, idle])
@@ -548,9 +549,9 @@ def test_op_collectives_keep_devices_in_lockstep_on_shared_cores(per_host, ranke
     alone = dataclasses.replace(w, profile=dataclasses.replace(BUILTIN["cpu"], lockstep=0.0))
     unlocked = cost.stage_compute(alone, range(4), Submesh(tuple(range(4)), 2, 2), False, 4)
     ops = dp_op[2]["op all-reduce"] / 2
-    assert dp_op[0] - ops == pytest.approx(cost.lockstep(BUILTIN["cpu"], 2) * (unlocked[0] - ops))
+    assert dp_op[0] - ops == pytest.approx(shared_cores.lockstep(BUILTIN["cpu"], 2) * (unlocked[0] - ops))
     assert dp_only[0] == cost.stage_compute(alone, range(4), Submesh(tuple(range(4)), 4, 1), False, 4)[0]
-    assert cost.lockstep(BUILTIN["H100"], 4) == 1.0  # devices of their own: op's collectives are priced as such
+    assert shared_cores.lockstep(BUILTIN["H100"], 4) == 1.0  # devices of their own: op's collectives are priced as such
 
 
 def fixed_costs_only(profile: DeviceProfile) -> DeviceProfile:
@@ -567,10 +568,11 @@ def test_an_op_groups_fixed_costs_overlap_on_the_hosts_cores():
     A profile that knows its cores charges an op group's fixed costs at up to cores / busy of one
     device's speed; independent devices (dp), a profile of unknown cores and GPUs are unchanged."""
     cpu = dataclasses.replace(BUILTIN["cpu"], cores=2)
-    assert cpu.fixed_share(4, 4) == 0.5 > cpu.share(4) and cpu.fixed_share(8, 2) == 0.25 > cpu.share(8)
-    assert cpu.fixed_share(2, 2) == 1.0 and cpu.fixed_share(1, 1) == 1.0
-    assert cpu.fixed_share(4, 1) == cpu.share(4) and BUILTIN["cpu"].fixed_share(4, 4) == BUILTIN["cpu"].share(4)
-    assert BUILTIN["H100"].fixed_share(8, 8) == 1.0
+    fixed_share = shared_cores.fixed_share
+    assert fixed_share(cpu, 4, 4) == 0.5 > cpu.share(4) and fixed_share(cpu, 8, 2) == 0.25 > cpu.share(8)
+    assert fixed_share(cpu, 2, 2) == 1.0 and fixed_share(cpu, 1, 1) == 1.0
+    assert fixed_share(cpu, 4, 1) == cpu.share(4) and fixed_share(BUILTIN["cpu"], 4, 4) == BUILTIN["cpu"].share(4)
+    assert fixed_share(BUILTIN["H100"], 8, 8) == 1.0
     w = Workload.of(job(model=SMALL, batch=8, device="cpu", per_host=4), fixed_costs_only(BUILTIN["cpu"]))
     overlapped = dataclasses.replace(w, profile=fixed_costs_only(cpu))
     for dp, op in ((1, 4), (2, 2), (4, 1)):
@@ -578,10 +580,10 @@ def test_an_op_groups_fixed_costs_overlap_on_the_hosts_cores():
         (fwd, bwd, comm), (fwd_c, bwd_c, comm_c) = (cost.stage_compute(x, range(4), mesh, False, 4) for x in (w, overlapped))
         half = sum(comm.values()) / 2
         assert comm == comm_c
-        assert fwd_c - half == pytest.approx((fwd - half) * cpu.share(4) / cpu.fixed_share(4, op))
-        assert bwd_c - half == pytest.approx((bwd - half) * cpu.share(4) / cpu.fixed_share(4, op))
-    assert cost.program_overheads(overlapped, range(4), 4, 4) == pytest.approx(
-        cost.program_overheads(w, range(4), 4, 4) * cpu.share(4) / 0.5)
+        assert fwd_c - half == pytest.approx((fwd - half) * cpu.share(4) / fixed_share(cpu, 4, op))
+        assert bwd_c - half == pytest.approx((bwd - half) * cpu.share(4) / fixed_share(cpu, 4, op))
+    overheads = [cost.layers_compute(x, range(4), Submesh(tuple(range(4)), 1, 4), 4).overheads for x in (w, overlapped)]
+    assert overheads[1] == pytest.approx(overheads[0] * cpu.share(4) / 0.5)
     fused = []  # a fused step pays its fixed costs once, whatever its micro-batches
     for micro in (1, 2, 4):
         found = estimate(overlapped, make_plan(job(model=SMALL, batch=8, device="cpu", per_host=4,

@@ -13,8 +13,10 @@ import pytest
 from scipy.stats import spearmanr
 
 from codesign.cli import build_search_parser, main
-from codesign.planner import ranking
-from codesign.planner.auto import choose_plan
+from codesign.planner import fast_pass, ranking
+from codesign.planner.auto import all_plans, choose_plan
+from codesign.planner.cost import Workload, estimate
+from codesign.planner.plan import plan_from_stages
 from codesign.planner.device_profiles import BUILTIN, ProfileBook
 from codesign.config.loader import load_config
 from codesign.config.types import AUTO_SEARCH, ClusterSpec, ParallelSpec, TrainingSpec
@@ -84,8 +86,54 @@ def test_the_fast_pass_is_auto_searchs_answer_for_one_layer_group(cluster, cores
         assert ranked.bound[c] <= best.estimate.seconds * (1 + 1e-9)
 
 
-def test_pruning_keeps_the_unpruned_winners(tmp_path):
-    config = load_config(config_file(tmp_path, batch=1024, device="cpu", groups=2))
+def test_random_candidates_cost_the_same_through_estimate_and_the_rankings_path():
+    """One cost model: each one-program plan of a candidate, priced by composition over arrays
+    (fast_pass.one_programs), is what estimate prices for Workload.of the candidate and the plan."""
+    training, book, rng = TrainingSpec(64, 5, precision="bf16"), ProfileBook(), np.random.default_rng(46)
+    found = ranking.candidates(query("--slots", "5", "--max-layers", "3"))
+    for cluster, micro in ((ClusterSpec(2, 4, "EFAx4", "sim", "H100"), 4), (ClusterSpec(1, 4, "NVLink", "sim", "cpu"), 2)):
+        target = ranking.Target(cluster, "sim", ParallelSpec(AUTO_SEARCH, (micro,)), micro)
+        pricer = fast_pass.Pricer(target.job(found.base, training), training, book, (), 1)
+        for c in rng.choice(len(found), 12, replace=False):
+            block = found.blocks[found.block[c]]
+            digits = dict(search.digits(found.index[[c]], [len(search.multisets(n, len(block.kinds)))
+                                                           for n in block.layers]))
+            seconds, memory = fast_pass.one_programs(pricer, block, [digits[i] for i in range(len(block.layers))],
+                                                     found.base)
+            job = target.job(found.model(c), training)
+            w = Workload.of(job, book.for_job(job))
+            for v, variant in enumerate(pricer.variants):
+                plan = plan_from_stages(job, [[0]], [list(range(cluster.num_devices))], [(variant.dp, variant.op)],
+                                        batch_axis=variant.axis, reduce_scatter=variant.zero)
+                priced = estimate(w, plan)
+                assert seconds[0, v] == pytest.approx(priced.seconds, rel=1e-9)
+                assert memory[0, v] == pytest.approx(priced.peak_bytes, rel=1e-9)
+
+
+@pytest.mark.parametrize("cluster", [ClusterSpec(1, 4, "NVLink", "sim", "H100"), ClusterSpec(2, 2, "EFAx4", "sim", "A100")])
+@pytest.mark.parametrize("micro", [1, 4])
+def test_the_pipeline_bound_is_below_every_pipeline_plan(cluster, micro):
+    training, book = TrainingSpec(64, 5), ProfileBook()
+    found = ranking.candidates(query("--slots", "4", "--max-layers", "3"))
+    target = ranking.Target(cluster, "sim", ParallelSpec(AUTO_SEARCH, (micro,), num_auto_layers=3), micro)
+    ranked = ranking.rank_target(target, training, book, (), found, top=3, prune=False)
+    pricer = fast_pass.Pricer(target.job(found.base, training), training, book, (), 3)
+    deep = [c for c in range(len(found)) if found.model(c).num_zhen_layers == 3][::7]
+    for c in deep[:6]:
+        block = found.blocks[found.block[c]]
+        part = next(p for _, b, p in found.runs() if p.start <= c < p.stop)
+        terms = fast_pass.fast_pass(pricer, block, found.index[part], found.base).terms[[c - part.start]]
+        bound = fast_pass.pipeline_bound(pricer, terms, np.array([3]))[0]
+        job = target.job(found.model(c), training)
+        w = Workload.of(job, book.for_job(job))
+        pipelines = [estimate(w, plan).seconds for plan in all_plans(job) if len(plan.stages) > 1]
+        assert bound <= min(pipelines) * (1 + 1e-9)
+        assert ranked.bound[c] <= ranked.seconds[c] * (1 + 1e-9)
+
+
+@pytest.mark.parametrize("device", ["cpu", "H100"])
+def test_pruning_keeps_the_unpruned_winners(tmp_path, device):
+    config = load_config(config_file(tmp_path, batch=1024, device=device, groups=2))
     _, pruned = ranking.rank(query(), config, ProfileBook(), lambda c: "sim", top=3)
     _, full = ranking.rank(query(), config, ProfileBook(), lambda c: "sim", top=3, prune=False)
     (pruned,), (full,) = pruned, full

@@ -1,157 +1,72 @@
 """The cost model: seconds per iteration and peak bytes per device of any plan, before compiling.
 
 Pure Python and numpy (no JAX): pricing a plan takes microseconds. Three parts, kept apart:
-- formulas: alpha-beta collectives, the roofline of one mixer call, Adam as memory traffic;
+- formulas (planner.formulas): alpha-beta collectives, the roofline of one mixer call, Adam as
+  memory traffic; what devices sharing cores add (planner.shared_cores);
 - feeders: a `Workload` holds what every plan of one (model, cluster, training, micro-batches)
   shares (per-layer counts from zhen.counts, the device profile, the links), and the per-stage
   functions (`stage_compute`, `stage_memory`) price a contiguous range of layers on a (dp, op)
-  submesh, so a dynamic program over stage boundaries can call them directly;
+  submesh, so a dynamic program over stage boundaries can call them directly; they also take
+  arrays, to price many models at once (planner.fast_pass);
 - `estimate(workload, plan)`: the whole plan. pp = 1 is gradient accumulation; pp > 1 is an
   event simulation of exactly the orders the pipeline engine dispatches (planner.schedule).
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Any, Iterable, Sequence
+
+import numpy as np
 
 from codesign.errors import PlanError
+from codesign.planner.formulas import (
+    Compute,
+    ACTIVATION_BYTES,
+    ADAM_TRAFFIC,  # noqa: F401  engine.probe reads it from here
+    PARAM_BYTES,
+    Estimate,
+    Memory,
+    StageCost,
+    accumulate_time,
+    adam_time,
+    all_gather,
+    all_reduce,
+    call_time,
+    hierarchical,
+    point_to_point,
+    reduce_scatter,
+)
 from codesign.planner.plan import Plan, StagePlan, make_plan
 from codesign.planner.device_profiles import (
     ENCODER_PAIR,
     LAYER,
     DeviceProfile,
     Link,
-    Points,
     ProfileBook,
     cluster_links,
-    interpolated,
 )
 from codesign.planner.schedule import BACKWARD, FORWARD, dispatch_order, max_in_flight
+from codesign.planner.shared_cores import (
+    call_cost,
+    copies,
+    fixed_share,
+    lockstep,
+    memory_share,
+    pipeline_floor,
+    program_overheads,
+    remat_fixed,
+)
 from codesign.config.loader import LinkSpec
 from codesign.config.types import ClusterSpec, Job, ModelSpec
 from codesign.zhen import counts
-
 # Recorded on every attempt beside its prediction: bump it with every change to what the model predicts.
 COST_MODEL_VERSION = "2026.11.28.1"
-PARAM_BYTES = 4  # master weights, gradients and Adam's moments stay fp32 under bf16
-ADAM_TRAFFIC = 8  # param-sized arrays read or written by one update: p, g, m, v in; p, m, v, zeroed g out
-ACCUMULATE_TRAFFIC = 3  # gradient-sized arrays per accumulated micro-batch: its gradients and the sum in, the sum out
-ACTIVATION_BYTES = {"fp32": 4, "bf16": 2}
 # The block-folded DOT's kernel traffic per call, in kernel-sized fp32 arrays: the forward reads
 # the kernel and its mirror to fold the rows (and writes them); the backward writes the folded
 # gradient's zero-filled square, reads it and its mirror and writes the kernel's gradient.
 FOLD_FORWARD, FOLD_BACKWARD = 3, 4
-
-
-# -- value types -----------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Memory:
-    """Peak bytes per device, by what holds them."""
-
-    params: float = 0
-    grads: float = 0
-    adam: float = 0
-    activations: float = 0  # what the in-flight micro-batches keep for their backward
-    workspace: float = 0  # batch data, scratch of the largest program
-
-    @property
-    def total(self) -> float:
-        return self.params + self.grads + self.adam + self.activations + self.workspace
-
-    def as_dict(self) -> dict[str, int]:
-        return {k: int(getattr(self, k)) for k in ("params", "grads", "adam", "activations", "workspace")}
-
-
-@dataclass(frozen=True)
-class StageCost:
-    """One stage per micro-batch (forward, backward), per iteration (update), and its memory."""
-
-    forward: float
-    backward: float
-    update: float
-    communication: dict[str, float]  # collective -> seconds per iteration, included in the above
-    memory: Memory
-
-
-@dataclass(frozen=True)
-class Estimate:
-    """A priced plan: seconds per iteration with their breakdown, peak bytes per device."""
-
-    seconds: float
-    compute: tuple[float, ...]  # per stage: forward + backward of all its micro-batches
-    communication: dict[str, float]  # per collective kind, summed over stages
-    bubble: float  # the step's time the busiest stage waits
-    optimizer: float
-    memory: Memory  # of the stage with the highest peak
-    device_memory: int
-
-    @property
-    def peak_bytes(self) -> int:
-        return int(self.memory.total)
-
-    @property
-    def fits(self) -> bool:
-        return self.peak_bytes <= self.device_memory
-
-    def breakdown(self) -> dict[str, object]:
-        """What all_configs and `codesign plan` show."""
-        return {"seconds": self.seconds, "compute_per_stage": list(self.compute),
-                "communication": dict(self.communication), "bubble": self.bubble,
-                "optimizer": self.optimizer, "memory": self.memory.as_dict(),
-                "peak_bytes": self.peak_bytes, "fits": self.fits}
-
-
-# -- formulas --------------------------------------------------------------------------------
-
-def all_reduce(nbytes: float, n: int, link: Link, calls: int = 1) -> float:
-    """Ring all-reduce of nbytes in `calls` collectives: 2(n-1) steps each, and each device
-    sends 2(n-1)/n of the bytes."""
-    return 0.0 if n <= 1 else calls * 2 * (n - 1) * link.latency + 2 * (n - 1) / n * nbytes / link.bandwidth
-
-
-def all_gather(nbytes: float, n: int, link: Link, calls: int = 1) -> float:
-    """Ring all-gather (or reduce-scatter) of nbytes in all: (n-1)/n of them through each device."""
-    return 0.0 if n <= 1 else calls * (n - 1) * link.latency + (n - 1) / n * nbytes / link.bandwidth
-
-
-reduce_scatter = all_gather
-
-
-def point_to_point(nbytes: float, link: Link) -> float:
-    return link.latency + nbytes / link.bandwidth
-
-
-def hierarchical(collective, nbytes: float, hosts: int, per_host: int, intra: Link, inter: Link,
-                 calls: int = 1) -> float:
-    """A collective over hosts x per_host devices: inside each host first, then across hosts on
-    the per-host share (1/per_host of the bytes)."""
-    if hosts <= 1:
-        return collective(nbytes, per_host, intra, calls)
-    return collective(nbytes, per_host, intra, calls) + collective(nbytes / per_host, hosts, inter, calls)
-
-
-def call_time(flops: float, rate: float, overhead: float, share: float = 1.0, points: Points = (),
-              fixed_share: float | None = None) -> float:
-    """One call's seconds: its fixed cost plus its FLOPs at the effective rate (or interpolated
-    between measured points), slowed by the share of the device's speed it gets (virtual CPU
-    devices share cores); the fixed cost at `fixed_share` where given (DeviceProfile.fixed_share)."""
-    if points:
-        return interpolated(points, flops, rate) / share
-    return overhead / (fixed_share or share) + flops / rate / share
-
-
-def adam_time(param_bytes: float, profile: DeviceProfile, share: float = 1.0) -> float:
-    """Adam's update as memory traffic, at the share of the memory system its device gets (every
-    busy device updates its parameters at once). Its launch is the step's (pp = 1: one program)
-    or priced on the host's timeline (simulate): not again here."""
-    return ADAM_TRAFFIC * param_bytes / (profile.bandwidth * share)
-
-
-def accumulate_time(grad_bytes: float, profile: DeviceProfile, share: float, micro_batches: int) -> float:
-    """Seconds per micro-batch adding its gradients into the accumulator (none for one micro-batch)."""
-    return 0.0 if micro_batches == 1 else ACCUMULATE_TRAFFIC * grad_bytes / (profile.bandwidth * share)
 
 
 # -- feeders ---------------------------------------------------------------------------------
@@ -196,6 +111,11 @@ class Workload:
         hosts = len({d // per_host for d in devices})
         return hosts, max(1, len(devices) // hosts)
 
+    def link(self, src: Sequence[int], dst: Sequence[int]) -> Link:
+        """Between two stages' devices: inside a host where they share one, else across hosts."""
+        per_host = self.cluster.num_devices_per_host
+        return self.intra if {d // per_host for d in src} & {d // per_host for d in dst} else self.inter
+
     def collective(self, kind, nbytes: float, devices: Sequence[int], calls: int = 1) -> float:
         return hierarchical(kind, nbytes, *self.group(devices), self.intra, self.inter, calls)
 
@@ -234,47 +154,76 @@ class Submesh:
 def stage_compute(w: Workload, layers: Sequence[int], mesh: Submesh, remat: bool,
                   busy: int) -> tuple[float, float, dict[str, float]]:
     """Seconds of one micro-batch's (forward, backward) through these layers on this submesh,
-    with `busy` devices of the cluster computing at once; and the collectives among them.
+    with `busy` devices of the cluster computing at once; and the collectives among them."""
+    return finish(w.profile, mesh.op, remat, layers_compute(w, layers, mesh, busy))
+
+
+def layers_compute(w: Workload, layers: Sequence[int], mesh: Submesh, busy: int) -> Compute:
+    total = Compute()
+    for i in layers:
+        total = layer_compute(w, i, mesh, busy, total)
+    return total
+
+
+def layer_compute(w: Workload, i: int, mesh: Submesh, busy: int, into: Compute = Compute()) -> Compute:
+    """Layer i's share of stage_compute, added to `into`.
 
     Batch on dp: each device takes micro_batch/dp samples; the "mlp" half of the work is split
     over op, and each sharded mixer all-reduces its output over op (forward and backward).
     Batch on op: each device takes micro_batch/op samples of all the work; the sharded weights
     are all-gathered over op and their gradients reduce-scattered."""
-    p, share, fixed_share = w.profile, w.profile.share(busy), w.profile.fixed_share(busy, mesh.op)
+    p, share, fixed_at = w.profile, w.profile.share(busy), fixed_share(w.profile, busy, mesh.op)
     samples = w.micro_batch / mesh.batch_shards
     split = mesh.op if mesh.batch_axis == "dp" else 1
-    fwd = bwd = fixed = 0.0  # fixed: the forward's fixed costs per call
-    comm = {"op all-reduce": 0.0, "op all-gather": 0.0}
-    for i in layers:
-        for kind, work in w.mixers[i]:
-            if work.sharded_flops and mesh.op > 1:
-                collective, seconds = _op_collective(w, work, samples, mesh)
-                comm[collective] += seconds
-        for kind, work in engine_calls(w.mixers[i]):
-            rate = p.rate(w.precision, kind)
-            flops = samples * (work.flops - work.sharded_flops + work.sharded_flops / split)
-            traffic = samples * w.activation_bytes * _split(work, split) / (p.bandwidth * share) if p.roofline else 0
-            fold = work.fold_kernel * PARAM_BYTES / mesh.op / (p.bandwidth * share)
-            fwd += (call_time(flops, rate.forward, rate.overhead, share, rate.forward_points, fixed_share) + traffic
-                    + FOLD_FORWARD * fold)
-            fixed += rate.overhead / fixed_share
-            skipped = flops * work.skipped_backward / work.flops if work.flops else 0.0
-            bwd += (call_time(2 * flops - skipped, rate.backward, 2 * rate.overhead, share, rate.backward_points,
-                              fixed_share) + 3 * traffic + FOLD_BACKWARD * fold)
-        own, rate = w.own[i], p.rate(w.precision, LAYER)
-        traffic = samples * own.activations * w.activation_bytes / (p.bandwidth * share)
-        fwd += call_time(samples * own.flops, rate.forward, rate.overhead, share, rate.forward_points,
-                         fixed_share) + traffic
-        fixed += rate.overhead / fixed_share
-        bwd += call_time(2 * samples * own.flops, rate.backward, rate.overhead, share,
-                         rate.backward_points, fixed_share) + 3 * traffic
-    slow = lockstep(p, mesh.op) if any(comm.values()) else 1.0
-    fwd, bwd, fixed = slow * fwd, slow * bwd, slow * fixed
-    fwd += comm["op all-reduce"] / 2 + comm["op all-gather"] / 2
-    bwd += comm["op all-reduce"] / 2 + comm["op all-gather"] / 2
-    if remat:  # the backward recomputes the forward; on CPU inside its own program: no fixed costs again
-        bwd += fwd - (fixed if p.platform == "cpu" else 0.0)
-    return fwd, bwd, comm
+    fwd, bwd, fixed, overheads, comm = into.forward, into.backward, into.fixed, into.overheads, into.communication
+    for kind, work in w.mixers[i]:
+        if work.sharded_flops and mesh.op > 1:
+            collective, seconds = op_collective(w, work, samples, mesh)
+            comm[collective] += seconds
+    for kind, work in engine_calls(w.mixers[i]):
+        rate = p.rate(w.precision, kind)
+        flops = samples * (work.flops - work.sharded_flops + work.sharded_flops / split)
+        traffic = samples * w.activation_bytes * _split(work, split) / (p.bandwidth * share) if p.roofline else 0
+        fold = work.fold_kernel * PARAM_BYTES / mesh.op / (p.bandwidth * share)
+        fwd += (call_time(flops, rate.forward, rate.overhead, share, rate.forward_points, fixed_at) + traffic
+                + FOLD_FORWARD * fold)
+        fixed += rate.overhead / fixed_at
+        overheads += 3 * rate.overhead / fixed_at  # the forward's call, the backward's two
+        skipped = flops * work.skipped_backward / work.flops if work.flops else 0.0
+        bwd += (call_time(2 * flops - skipped, rate.backward, 2 * rate.overhead, share, rate.backward_points,
+                          fixed_at) + 3 * traffic + FOLD_BACKWARD * fold)
+    own, rate = w.own[i], p.rate(w.precision, LAYER)
+    traffic = samples * own.activations * w.activation_bytes / (p.bandwidth * share)
+    fwd += call_time(samples * own.flops, rate.forward, rate.overhead, share, rate.forward_points,
+                     fixed_at) + traffic
+    fixed += rate.overhead / fixed_at
+    overheads += 2 * rate.overhead / fixed_at
+    bwd += call_time(2 * samples * own.flops, rate.backward, rate.overhead, share,
+                     rate.backward_points, fixed_at) + 3 * traffic
+    return Compute(fwd, bwd, fixed, overheads, comm["op all-reduce"], comm["op all-gather"])
+
+
+def finish(p: DeviceProfile, op: int, remat: bool, c: Compute) -> tuple[Any, Any, dict[str, Any]]:
+    """A stage's (forward, backward, collectives) from its layers' sum: op's collectives, half in
+    each direction, and the compute slowed by lockstep where there are any; with remat the
+    backward recomputes the forward."""
+    collectives = c.all_reduce + c.all_gather
+    slow = _where(collectives > 0, lockstep(p, op), 1.0)
+    half = c.all_reduce / 2 + c.all_gather / 2
+    fwd, bwd = slow * c.forward + half, slow * c.backward + half
+    if remat:
+        bwd += fwd - remat_fixed(p, slow * c.fixed)
+    return fwd, bwd, c.communication
+
+
+def _where(condition, yes, no):
+    """`yes if condition else no`, elementwise where the condition is an array."""
+    return np.where(condition, yes, no) if isinstance(condition, np.ndarray) else (yes if condition else no)
+
+
+def _most(values: Iterable) -> Any:
+    """max() of seconds or bytes, elementwise where they are arrays."""
+    return functools.reduce(np.maximum, values)
 
 
 def engine_calls(mixers: Sequence[tuple[str, counts.Work]]) -> list[tuple[str, counts.Work]]:
@@ -288,46 +237,33 @@ def engine_calls(mixers: Sequence[tuple[str, counts.Work]]) -> list[tuple[str, c
     return calls + ([(kind, sum(attention[1:], attention[0]))] if attention else [])
 
 
-def lockstep(p: DeviceProfile, op: int) -> float:
-    """How much longer a stage's compute takes when its devices meet at op's collectives between
-    its computations, on cores they share: each op group waits at every one for its slowest
-    device, so the devices cannot fill each other's stalls as independent ones do (dp 2 x op 2
-    against dp 4, and dp 4 x op 2, dp 2 x op 4 against dp 8, on virtual CPU devices). Devices of
-    their own (GPUs) lose nothing here; their collectives are priced as such."""
-    return 1.0 + p.lockstep * (op - 1) if p.shares_cores else 1.0
-
-
-def program_overheads(w: Workload, layers: Sequence[int], busy: int, op: int) -> float:
-    """The fixed costs per call that stage_compute charges one micro-batch (forward and
-    backward) on an op group of `op` devices. On CPU they are costs of running a program (the
-    probe's intercept: its thread pool, its buffers), paid once by a fused step however many
-    micro-batches its loop accumulates; a GPU pays them per kernel launch, every micro-batch."""
-    if w.profile.platform != "cpu":
-        return 0.0
-    per_layer = [sum(w.profile.rate(w.precision, k).overhead for k, _ in engine_calls(w.mixers[i])) * 3
-                 + w.profile.rate(w.precision, LAYER).overhead * 2 for i in layers]
-    return sum(per_layer) / w.profile.fixed_share(busy, op)
-
-
 def _split(work: counts.Work, op: int) -> float:
     """Activation elements per sample one device keeps when the sharded ones are split over op."""
     return work.activations - work.sharded_activations + work.sharded_activations / op
 
 
-def _op_collective(w: Workload, work: counts.Work, samples: float, mesh: Submesh) -> tuple[str, float]:
-    """One op-sharded mixer's collectives per micro-batch (forward and backward)."""
+def op_collective(w: Workload, work: counts.Work, samples: float, mesh: Submesh,
+                  calls: Any = 1) -> tuple[str, Any]:
+    """An op-sharded mixer's collectives per micro-batch (forward and backward); or of `calls`
+    such mixers, `work` holding their sum."""
     if mesh.batch_axis == "dp":
-        out = samples * w.model.output_per_emb * w.model.emb_dim * w.activation_bytes
-        return "op all-reduce", 2 * w.collective(all_reduce, out, mesh.op_group)
+        out = calls * samples * w.model.output_per_emb * w.model.emb_dim * w.activation_bytes
+        return "op all-reduce", 2 * w.collective(all_reduce, out, mesh.op_group, calls)
     weights = work.sharded_params * PARAM_BYTES
-    return "op all-gather", (w.collective(all_gather, weights, mesh.op_group)
-                             + w.collective(reduce_scatter, weights, mesh.op_group))
+    return "op all-gather", (w.collective(all_gather, weights, mesh.op_group, calls)
+                             + w.collective(reduce_scatter, weights, mesh.op_group, calls))
 
 
 def stage_params(w: Workload, layers: Sequence[int], op: int) -> float:
     """Parameters one device of the stage holds: the "mlp"-sharded ones split over op."""
     return sum(w.layers[i].params - w.layers[i].sharded_params + w.layers[i].sharded_params / op
                for i in layers)
+
+
+def stage_grads(w: Workload, layers: Sequence[int], mesh: Submesh, zero: bool) -> Any:
+    """Gradient bytes one device keeps (and accumulates): 1/dp of them under ZeRO-2."""
+    params = stage_params(w, layers, mesh.op) * PARAM_BYTES
+    return params / mesh.dp if zero else params
 
 
 def gradient_sync(w: Workload, layers: Sequence[int], mesh: Submesh, zero: bool, busy: int) -> tuple[str, float]:
@@ -346,15 +282,10 @@ def gradient_sync(w: Workload, layers: Sequence[int], mesh: Submesh, zero: bool,
         return "dp reduce-scatter", w.collective(reduce_scatter, nbytes, group, calls)
     seconds = w.collective(all_reduce, nbytes, group, calls)
     if len(group) > 1:
-        seconds += _copies(w, w.profile.sync_traffic * nbytes, busy)
+        seconds += copies(w.profile, w.profile.sync_traffic * nbytes, busy)
     if sharded:
-        seconds += _copies(w, 2 * nbytes / mesh.dp, busy)
+        seconds += copies(w.profile, 2 * nbytes / mesh.dp, busy)
     return f"{mesh.batch_axis} all-reduce", seconds
-
-
-def _copies(w: Workload, nbytes: float, busy: int) -> float:
-    """Seconds to move nbytes through the memory system, each of `busy` devices at its share."""
-    return nbytes / (w.profile.bandwidth * w.profile.memory_share(busy))
 
 
 def stage_update(w: Workload, layers: Sequence[int], mesh: Submesh, zero: bool,
@@ -365,7 +296,7 @@ def stage_update(w: Workload, layers: Sequence[int], mesh: Submesh, zero: bool,
     that array's all-reduce (2 to 8 virtual devices: 0.7-1.6x its time per array), with the
     same copies through the shared memory."""
     param_bytes = stage_params(w, layers, mesh.op) * PARAM_BYTES
-    share = w.profile.memory_share(busy)
+    share = memory_share(w.profile, busy)
     if not zero or mesh.dp == 1:
         return adam_time(param_bytes, w.profile, share), 0.0
     calls = w.collective_calls(layers)
@@ -373,7 +304,7 @@ def stage_update(w: Workload, layers: Sequence[int], mesh: Submesh, zero: bool,
         gather = w.collective(all_gather, param_bytes, mesh.dp_group, calls)
     else:
         gather = (w.collective(all_reduce, param_bytes, mesh.dp_group, calls)
-                  + _copies(w, w.profile.sync_traffic * param_bytes, busy))
+                  + copies(w.profile, w.profile.sync_traffic * param_bytes, busy))
     return adam_time(param_bytes / mesh.dp, w.profile, share) + gather, gather
 
 
@@ -390,7 +321,7 @@ def stage_memory(w: Workload, layers: Sequence[int], groups: Sequence[Sequence[i
     shard); a pipeline stage's backward holds them beside the accumulated ones. Residuals and the
     working set are counted as XLA:CPU keeps them, times the profile's activation_share."""
     params = stage_params(w, layers, mesh.op) * PARAM_BYTES
-    grads = params / mesh.dp if zero else params
+    grads = stage_grads(w, layers, mesh, zero)
     samples = w.micro_batch / mesh.batch_shards
     split = mesh.op if mesh.batch_axis == "dp" else 1
     per_layer = {i: samples * w.activation_bytes * (_split(w.layers[i], split) + (0 if fused else w.layers[i].relu / split))
@@ -404,10 +335,10 @@ def stage_memory(w: Workload, layers: Sequence[int], groups: Sequence[Sequence[i
     backward = {i: rows[i] + 2 * w.layers[i].fold_kernel / mesh.op * PARAM_BYTES for i in layers}
     if remat:
         kept = sum(carry[g[0]] for g in groups)
-        working = max(sum(per_layer[i] for i in g) + max(backward[i] for i in g) for g in groups)
+        working = _most(sum(per_layer[i] for i in g) + _most(backward[i] for i in g) for g in groups)
     else:
         kept = sum(per_layer.values()) + carry[layers[0]] + sum(folded.values())
-        working = max(per_layer[i] + backward[i] for i in layers)
+        working = _most(per_layer[i] + backward[i] for i in layers)
     kept, working = (w.profile.activation_share * x for x in (kept, working))
     first, last = data_samples
     data = (w.global_batch / mesh.batch_shards) * 4 * (
@@ -418,9 +349,9 @@ def stage_memory(w: Workload, layers: Sequence[int], groups: Sequence[Sequence[i
     # beside the ones kept: the accumulated sum, or under ZeRO-2 their shard.
     local = params if (zero and mesh.dp > 1) or w.micro_batches > 1 else 0.0
     if fused:  # the update runs once the backward has freed the activations
-        scratch = max(working, update - activations) + local
+        scratch = _most((working, update - activations)) + local
     else:  # a stage's backward program computes a micro-batch's gradients, then adds them to the sum
-        scratch = max(working + params, update)
+        scratch = _most((working + params, update))
     return Memory(params=params, grads=grads, adam=2 * grads, activations=activations, workspace=data + scratch)
 
 
@@ -440,16 +371,12 @@ def estimate(w: Workload, plan: Plan) -> Estimate:
         for kind, seconds in stage.communication.items():
             comm[kind] = comm.get(kind, 0.0) + seconds
     if pp == 1:
-        only = stages[0]
-        repeated = (micro - 1) * program_overheads(w, plan.stages[0].layers, busy, plan.stages[0].op)
-        seconds = w.profile.call_cost(busy) + micro * (only.forward + only.backward) - repeated + only.update
-        bubble = 0.0
+        seconds, bubble = one_program(w, plan, stages[0], busy), 0.0
     else:  # each stage at its own devices' speed, unless the devices share cores with the others
         alone = stages if not w.profile.shares_cores else [
             stage_cost(w, stage, s, plan, len(stage.device_ids)) for s, stage in enumerate(plan.stages)]
         ends, pipeline_end, comm["stage transfers"], host = simulate(w, plan, alone)
-        seconds = max(max(ends), shared_cores_bound(plan, stages, busy, host, w.profile.contention)
-                      if w.profile.shares_cores else 0.0)
+        seconds = max(max(ends), pipeline_floor(w.profile, plan, stages, busy, host))
         bubble = max(0.0, pipeline_end - max(micro * (s.forward + s.backward) for s in alone))
     peak = max((s.memory for s in stages), key=lambda m: m.total)
     return Estimate(seconds=seconds, compute=tuple(micro * (s.forward + s.backward) for s in stages),
@@ -457,34 +384,24 @@ def estimate(w: Workload, plan: Plan) -> Estimate:
                     optimizer=max(s.update for s in stages), memory=peak, device_memory=w.profile.memory)
 
 
-def shared_cores_bound(plan: Plan, stages: Sequence[StageCost], busy: int, host: float = 0.0,
-                       contention: float = 0.0) -> float:
-    """A pipeline on devices that share cores (virtual CPU devices) is no faster than all its
-    stages' work packed onto their aggregate speed (each stage's seconds with every device
-    busy, weighted by its share of the devices) plus the `host` seconds of its launches, which
-    run on the same cores. Its stages' many small programs, each waking its devices' threads
-    while the others' run, do not pack perfectly: the work takes 1 + contention x (busy - 1)
-    times its packed seconds. On devices of their own it never binds."""
-    packed = sum(len(stage.device_ids) / busy * (plan.num_micro_batches * (c.forward + c.backward) + c.update)
-                 for stage, c in zip(plan.stages, stages))
-    return host + (1 + contention * (busy - 1)) * packed
-
-
-def launches(kind: str, stage: int, pp: int) -> int:
-    """Host launches of one pipeline call: the call, and the device_put of what it hands on."""
-    moves = (kind == FORWARD and stage < pp - 1) or (kind == BACKWARD and stage > 0)
-    return 2 if moves else 1
+def one_program(w: Workload, plan: Plan, only: StageCost, busy: int) -> Any:
+    """pp = 1: one program's launch, each micro-batch's forward and backward (the fixed costs a
+    fused step pays once counted once, shared_cores.program_overheads), then the update."""
+    repeated = (plan.num_micro_batches - 1) * program_overheads(w.profile, only.overheads)
+    return call_cost(w.profile, busy) + plan.num_micro_batches * (only.forward + only.backward) - repeated + only.update
 
 
 def stage_cost(w: Workload, stage: StagePlan, index: int, plan: Plan, busy: int, pp: int | None = None,
-               in_flight: int | None = None) -> StageCost:
+               in_flight: int | None = None, compute: Compute | None = None) -> StageCost:
     """Stage `index` of a pp-stage pipeline (default: the plan's length), holding in_flight
     micro-batches (default: as its schedule does). The plan gives the plan-wide choices
     (micro-batches, batch axis, remat, ZeRO-2, schedule); a search prices a stage before the
-    other stages exist by passing pp and a plan of no stages."""
+    other stages exist by passing pp and a plan of no stages; `compute`, its layers' sum where
+    it was priced by composition (planner.fast_pass), replaces pricing them here."""
     pp = len(plan.stages) if pp is None else pp
     mesh = Submesh.of(stage, plan.batch_axis)
-    fwd, bwd, comm = stage_compute(w, stage.layers, mesh, plan.remat, busy)
+    compute = compute or layers_compute(w, stage.layers, mesh, busy)
+    fwd, bwd, comm = finish(w.profile, mesh.op, plan.remat, compute)
     sync_kind, sync = gradient_sync(w, stage.layers, mesh, plan.reduce_scatter, busy)
     update, gather = stage_update(w, stage.layers, mesh, plan.reduce_scatter, busy)
     micro = plan.num_micro_batches
@@ -498,12 +415,18 @@ def stage_cost(w: Workload, stage: StagePlan, index: int, plan: Plan, busy: int,
     once = plan.syncs_once(pp)  # after the last micro-batch, else in each one's backward
     communication = {k: micro * v for k, v in comm.items()}
     communication[sync_kind] = communication.get(sync_kind, 0.0) + (1 if once else micro) * sync
-    if gather:
+    if np.any(gather):
         communication["dp all-gather (ZeRO-2)"] = gather
-    accumulate = accumulate_time(memory.grads, w.profile, w.profile.memory_share(busy), micro)
+    accumulate = accumulate_time(memory.grads, w.profile, memory_share(w.profile, busy), micro)
     if once:
-        return StageCost(fwd, bwd + accumulate, update + sync, communication, memory)
-    return StageCost(fwd, bwd + sync + accumulate, update, communication, memory)
+        return StageCost(fwd, bwd + accumulate, update + sync, communication, memory, compute.overheads)
+    return StageCost(fwd, bwd + sync + accumulate, update, communication, memory, compute.overheads)
+
+
+def launches(kind: str, stage: int, pp: int) -> int:
+    """Host launches of one pipeline call: the call, and the device_put of what it hands on."""
+    moves = (kind == FORWARD and stage < pp - 1) or (kind == BACKWARD and stage > 0)
+    return 2 if moves else 1
 
 
 def transfer_time(w: Workload, plan: Plan, index: int) -> float:
@@ -511,21 +434,21 @@ def transfer_time(w: Workload, plan: Plan, index: int) -> float:
     each source device sends its batch shard; across hosts when the two stages share none."""
     src, dst = plan.stages[index], plan.stages[index + 1]
     nbytes = w.micro_batch * w.activation_bytes * counts.carry_width(w.model, src.layers[-1])
-    per_host = w.cluster.num_devices_per_host
-    same_host = {d // per_host for d in src.device_ids} & {d // per_host for d in dst.device_ids}
-    link = w.intra if same_host else w.inter
-    return point_to_point(nbytes / Submesh.of(src, plan.batch_axis).batch_shards, link)
+    shards = Submesh.of(src, plan.batch_axis).batch_shards
+    return point_to_point(nbytes / shards, w.link(src.device_ids, dst.device_ids))
 
 
-def simulate(w: Workload, plan: Plan, stages: list[StageCost]) -> tuple[list[float], float, float, float]:
+def simulate(w: Workload, plan: Plan, stages: list[StageCost],
+             hops: Sequence[Any] | None = None) -> tuple[list[float], float, float, float]:
     """Event simulation of the pipeline engine: the host dispatches the schedule's dispatch_order
     (each call, and each device_put between stages, costs the stage's call_cost), each stage runs its
     calls in that order, a forward waits for the previous stage's activation, a backward for the
     next stage's cotangent; then one update per stage. Returns each stage's end time, when the
-    last backward ended, the seconds spent in transfers and the host's seconds of launches."""
+    last backward ended, the seconds spent in transfers and the host's seconds of launches. Stage
+    times (and `hops`, the transfers' where given) may be arrays: it only adds and takes maxima."""
     pp, micro = len(plan.stages), plan.num_micro_batches
-    dispatch = [w.profile.call_cost(len(stage.device_ids)) for stage in plan.stages]
-    hops = [transfer_time(w, plan, s) for s in range(pp - 1)]
+    dispatch = [call_cost(w.profile, len(stage.device_ids)) for stage in plan.stages]
+    hops = [transfer_time(w, plan, s) for s in range(pp - 1)] if hops is None else hops
     host, free, done = 0.0, [0.0] * pp, {}
     for s, kind, m in dispatch_order(plan.schedule, pp, micro):
         host += dispatch[s] * launches(kind, s, pp)
@@ -535,14 +458,14 @@ def simulate(w: Workload, plan: Plan, stages: list[StageCost]) -> tuple[list[flo
         else:
             ready = done[s, FORWARD, m]
             if s < pp - 1:
-                ready = max(ready, done[s + 1, BACKWARD, m] + hops[s])
+                ready = _most((ready, done[s + 1, BACKWARD, m] + hops[s]))
             seconds = stages[s].backward
-        done[s, kind, m] = free[s] = max(host, free[s], ready) + seconds
+        done[s, kind, m] = free[s] = _most((host, free[s], ready)) + seconds
     ends = []
     for s in range(pp):
         host += dispatch[s]
-        ends.append(max(host, free[s]) + stages[s].update)
-    return ends, max(free), 2 * micro * sum(hops), host
+        ends.append(_most((host, free[s])) + stages[s].update)
+    return ends, _most(free), 2 * micro * sum(hops), host
 
 
 def predict(job: Job, book: ProfileBook, links: Iterable[LinkSpec] = ()) -> dict[str, object]:

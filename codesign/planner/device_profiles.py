@@ -131,33 +131,11 @@ class DeviceProfile:
         ns, speeds = zip(*self.speedup)
         return float(np.interp(busy, ns, speeds)) / busy
 
-    def fixed_share(self, busy: int, op: int) -> float:
-        """Each of `busy` devices' speed for the fixed costs per call of a program on an op group of
-        `op` devices. On shared cores those costs (thread wake-ups, each op's dispatch) overlap on
-        the host's cores where the devices meet at op's collectives, not where they run
-        independently as the speed-up probe's do (4 busy devices: 1.03-1.13 times one's speed). On
-        2 cores op 4 and 8 took 1.3-1.4 and 1.7-2.0 times one device's step (two models, 32-128
-        samples), which fixed costs at share(busy) priced at 1.5-2.1 and 2.1-3.3 times."""
-        share = self.share(busy)
-        if op > 1 and self.shares_cores and self.cores:
-            return max(share, min(1.0, self.cores / busy))
-        return share
-
     @property
     def shares_cores(self) -> bool:
-        """Virtual CPU devices: they, and the host launching their programs, share one machine."""
+        """Virtual CPU devices: they, and the host launching their programs, share one machine.
+        The one test of it; planner.shared_cores prices what follows from it."""
         return self.platform == "cpu"
-
-    def call_cost(self, devices: int) -> float:
-        """The host's seconds to launch one program on `devices` devices: on CPU one execution
-        per device (64 small arrays: 0.10, 0.29, 0.46, 1.0 ms on 1, 2, 4, 8 virtual devices);
-        GPUs' launches are asynchronous."""
-        return self.dispatch * (devices if self.shares_cores else 1)
-
-    def memory_share(self, busy: int) -> float:
-        """Each of `busy` devices' share of the memory system: virtual CPU devices share one (an
-        Adam update over 8 devices' replicas takes 8 times one's), GPUs each have their own."""
-        return 1.0 / busy if self.shares_cores and busy > 1 else 1.0
 
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
@@ -324,7 +302,7 @@ def cluster_links(profile: DeviceProfile, cluster: ClusterSpec,
     """(inside a host, between hosts). Virtual CPU devices talk through local memory whatever the
     declared transport; GPUs use NVLink inside a host (the link a measured profile timed between
     its host's GPUs, where it has one) and the cluster's transport across hosts; `[links]` wins."""
-    if profile.link is not None and profile.platform == "cpu":
+    if profile.link is not None and profile.shares_cores:
         return profile.link, profile.link
     links = dict(DEFAULT_LINKS)
     if profile.link is not None:
