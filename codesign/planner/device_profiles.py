@@ -5,7 +5,7 @@ plus a fixed cost per call), how fast it moves memory, what a program dispatch c
 much aggregate speed n busy devices have (virtual CPU devices share this machine's cores) and,
 for CPU devices, the link between local devices. GPU links come from the cluster's transport:
 NVLink inside a host, EFAx4 or TCPx4 between hosts, defaults a config's [links.NAME] overrides.
-Pure Python: `codesign profile` (engine/probe.py) measures, the store keeps them.
+Pure Python: `codesign profile` (engine/probe/) measures, the store keeps them.
 """
 
 from __future__ import annotations
@@ -199,14 +199,11 @@ DATA_SHEETS = {"H100": DataSheet(80, 989e12, 495e12, 3.35e12), "H200": DataSheet
 
 
 def _gpu(kind: str, sheet: DataSheet) -> DeviceProfile:
-    """A GPU from its data sheet. The
-    efficiencies (50% of peak for the mixers' FLOPs, as the profiled H200 step's matrix products
-    ran; 80% of HBM for memory traffic; 10 us per mixer call) price the seed model's flat step
-    (engine.step.FLAT_STATE, batch 1024, DOT as defined) on an H200 in bf16, measured at 8.93 ms,
-    at 8.31 ms, and on an H100 (10.95 ms) at 9.90 ms; tests/test_cost.py checks the H100. (50 us a call fitted the per-leaf steps of
-    ../shared/perf/README.md within 3%, whose call spent ~3 ms on the host before the first
-    kernel; the flat step's kernels queue back to back: 0.18 ms idle between them in a step.)
-    Where a GPU has a measured built-in profile (MEASURED: the H200), that one prices it."""
+    """A GPU from its data sheet. The efficiencies (50% of peak for the mixers' FLOPs, 80% of HBM
+    for memory traffic, 10 us per mixer call's kernels) were fitted to the seed model's flat step
+    (EngineOptions.flat_state) at batch 1024 in bf16, on an H200 and an H100 (bench/RESULTS.md);
+    tests/test_cost.py holds the H100 to it. Where a GPU has a measured built-in profile
+    (MEASURED: the H200), that one prices it."""
     launch = 10e-6  # the kernels of one mixer call, and the gaps between them
     return DeviceProfile(kind=kind, platform="gpu", memory=int(sheet.memory_gib * 2**30),
                          rates=(("bf16", _uniform(0.5 * sheet.bf16, launch, 0.1 * sheet.bf16)),
