@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-FIXTURE = REPO.parent.parent / "shared" / "fixtures" / "user-configs" / "config.toml"
+FIXTURE = REPO.parent / "shared" / "fixtures" / "user-configs" / "config.toml"
 # (what is ranked, its goal in seconds): each runs in its own process, for its own peak memory
 RANKINGS = {"plan_sim": ("bench/plan_sim.toml", 60), "groups": ("bench/codesign_groups.toml", 60),
             "fixtures": ("the fixture config's Auto specs on bench/codesign_groups.toml's clusters", 180)}

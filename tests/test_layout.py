@@ -120,7 +120,7 @@ def test_a_release_db_is_re_keyed_and_keeps_its_skips(tmp_path):
 
 BENCH_SMOKE = {  # "{db}": a copy of the 0.1.0 results DB
     "bench_auto_search.py": ["--max-devices", "2", "--layers", "4", "--micro", "1"],
-    "bench_codesign.py": ["--part", "time"],
+    "bench_codesign.py": ["--ranking", "plan_sim"],  # the layer-group rankings take minutes
     "bench_cost_model.py": ["-d", "{db}", "--repredict", "--noise", "{db}"],
     "bench_plan.py": ["--repeat", "1"],
     "bench_dry_run.py": ["--jobs", "1000"],

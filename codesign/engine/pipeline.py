@@ -59,7 +59,7 @@ class Pipeline:
     xs: list[jax.Array]  # stage 0's input, per micro-batch
     ys: list[jax.Array]  # the last stage's target, per micro-batch
     one: jax.Array  # the loss cotangent, on the last stage
-    order: list[tuple[int, str, int]]
+    order: tuple[tuple[int, str, int], ...]
     compile_time: float
     memory: dict[str, Any]
     shardings: tuple[dict[str, Any], ...]

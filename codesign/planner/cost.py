@@ -15,7 +15,7 @@ Pure Python and numpy (no JAX): pricing a plan takes microseconds. Three parts, 
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
 import numpy as np
@@ -86,6 +86,8 @@ class Workload:
     layers: tuple[counts.Work, ...]  # per layer, all of it
     own: tuple[counts.Work, ...]  # per layer, outside its mixers
     mixers: tuple[tuple[tuple[str, counts.Work], ...], ...]  # per layer, (kind, work) of each mixer
+    # estimate's stages by what they read: a search prices each stage in many plans
+    stage_costs: dict[tuple, StageCost] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def of(cls, job: Job, profile: DeviceProfile, links: Iterable[LinkSpec] = ()) -> Workload:
@@ -365,7 +367,7 @@ def estimate(w: Workload, plan: Plan) -> Estimate:
     """Price a plan (any stages, each with its own layers, devices, dp and op)."""
     pp, micro = len(plan.stages), plan.num_micro_batches
     busy = sum(len(s.device_ids) for s in plan.stages)
-    stages = [stage_cost(w, stage, s, plan, busy) for s, stage in enumerate(plan.stages)]
+    stages = [plan_stage(w, plan, s, busy) for s in range(pp)]
     comm: dict[str, float] = {}
     for stage in stages:
         for kind, seconds in stage.communication.items():
@@ -374,7 +376,7 @@ def estimate(w: Workload, plan: Plan) -> Estimate:
         seconds, bubble = one_program(w, plan, stages[0], busy), 0.0
     else:  # each stage at its own devices' speed, unless the devices share cores with the others
         alone = stages if not w.profile.shares_cores else [
-            stage_cost(w, stage, s, plan, len(stage.device_ids)) for s, stage in enumerate(plan.stages)]
+            plan_stage(w, plan, s, len(stage.device_ids)) for s, stage in enumerate(plan.stages)]
         ends, pipeline_end, comm["stage transfers"], host = simulate(w, plan, alone)
         seconds = max(max(ends), pipeline_floor(w.profile, plan, stages, busy, host))
         bubble = max(0.0, pipeline_end - max(micro * (s.forward + s.backward) for s in alone))
@@ -382,6 +384,15 @@ def estimate(w: Workload, plan: Plan) -> Estimate:
     return Estimate(seconds=seconds, compute=tuple(micro * (s.forward + s.backward) for s in stages),
                     communication={k: v for k, v in comm.items() if v}, bubble=bubble,
                     optimizer=max(s.update for s in stages), memory=peak, device_memory=w.profile.memory)
+
+
+def plan_stage(w: Workload, plan: Plan, index: int, busy: int) -> StageCost:
+    """stage_cost of the plan's stage `index`, kept in w.stage_costs under all that it reads."""
+    key = (plan.stages[index], index, len(plan.stages), busy, plan.num_micro_batches, plan.batch_axis,
+           plan.remat, plan.reduce_scatter, plan.schedule)
+    if key not in w.stage_costs:
+        w.stage_costs[key] = stage_cost(w, plan.stages[index], index, plan, busy)
+    return w.stage_costs[key]
 
 
 def one_program(w: Workload, plan: Plan, only: StageCost, busy: int) -> Any:

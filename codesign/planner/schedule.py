@@ -6,6 +6,7 @@ The pipeline engine dispatches exactly these orders; the cost model simulates th
 from __future__ import annotations
 
 import collections
+import functools
 
 FORWARD, BACKWARD = "F", "B"
 Op = tuple[str, int]  # (FORWARD | BACKWARD, micro-batch)
@@ -23,7 +24,8 @@ def stage_order(schedule: str, pp: int, stage: int, micro: int) -> list[Op]:
     return order + [(BACKWARD, m) for m in range(micro - warmup, micro)]
 
 
-def dispatch_order(schedule: str, pp: int, micro: int) -> list[tuple[int, str, int]]:
+@functools.cache  # the cost model simulates it for every pipeline plan it prices
+def dispatch_order(schedule: str, pp: int, micro: int) -> tuple[tuple[int, str, int], ...]:
     """All stages' orders interleaved, clock tick by clock tick, into one dependency-respecting order."""
     queues = [collections.deque(stage_order(schedule, pp, s, micro)) for s in range(pp)]
     done: set[tuple[int, str, int]] = set()
@@ -36,7 +38,7 @@ def dispatch_order(schedule: str, pp: int, micro: int) -> list[tuple[int, str, i
             queues[s].popleft()
             done.add((s, kind, m))
             order.append((s, kind, m))
-    return order
+    return tuple(order)
 
 
 def _ready(s: int, kind: str, m: int, pp: int, done: set) -> bool:
