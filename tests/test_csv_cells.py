@@ -48,9 +48,22 @@ def test_plan_listing_csv_quotes_formulas(tmp_path):
     assert (written["model"], written["plan"], written["time_ms"], written["rank"]) == ("'=1+1", "'-pp1", "-2.5", "1")
 
 
-def test_the_rankings_csv_quotes_formulas(tmp_path, monkeypatch):
-    cells = ["=1+1", -0.03, "-0.0300", "@x", "plain"]
-    monkeypatch.setattr(ranking, "csv_rows", lambda found, rankings, measured: iter([cells]))
-    assert ranking.write_csv(None, [], str(tmp_path / "rank.csv")) == 1
-    header, row = csv.reader(io.StringIO((tmp_path / "rank.csv").read_text()))
-    assert header == list(ranking.COLUMNS) and row == ["'=1+1", "-0.03", "-0.0300", "'@x", "plain"]
+def test_the_rankings_csv_quotes_formulas(tmp_path):
+    """A ranking's text cells (here a plan name and a reason set to formulas) behind a quote;
+    its numbers, negative ones too (params_vs_base below the base), stay numbers."""
+    from codesign.cli import build_search_parser
+    from codesign.planner.device_profiles import ProfileBook
+    from codesign.zhen import search
+
+    query = search.search_from_args(build_search_parser().parse_args(
+        ["--base-features", "32", "--base-emb-dim", "16", "--base-output-per-emb", "4", "--slots", "3",
+         "--max-layers", "1", "--param-tolerance", "1"]))
+    found = ranking.candidates(query)
+    target = ranking.Target(ClusterSpec(1, 2, "NVLink", "sim", "H100"), "sim", ParallelSpec("Auto search", (1,)), 1)
+    ranked = ranking.rank_target(target, TrainingSpec(8, 5), ProfileBook(), (), found, top=1)
+    ranked.plans[0], ranked.reasons[1] = "=1+1", "@x"
+    assert ranking.write_csv(found, [ranked], str(tmp_path / "rank.csv")) == len(found)
+    rows = list(csv.DictReader(io.StringIO((tmp_path / "rank.csv").read_text())))
+    assert (rows[0]["plan"], rows[1]["reason"]) == ("'=1+1", "'@x")
+    below = [r for r in rows if float(r["params_vs_base"]) < 0]
+    assert below and all(not r["params_vs_base"].startswith("'") for r in below)

@@ -320,26 +320,31 @@ def write_toml(found: Candidates, rankings: Sequence[Ranking], top: int, out) ->
 
 def csv_rows(found: Candidates, rankings: Sequence[Ranking],
              measured: dict[tuple[int, int], tuple[float, str]] | None = None) -> Iterator[list[object]]:
-    """The CSV's rows (COLUMNS): every candidate of every target. measured: (target, candidate) ->
-    (measured samples/s, job key) of the candidates `--run-top` ran."""
+    """The CSV's rows (COLUMNS): every candidate of every target, text cells safe for a
+    spreadsheet. measured: (target, candidate) -> (measured samples/s, job key) of the
+    candidates `--run-top` ran."""
+    from codesign.csv_cells import safe_cell
+
     measured = measured or {}
     base_params = counts.param_count(found.base)
     models = [found.model(c) for c in range(len(found))]
-    labels = [(m.summary(), m.num_zhen_layers, json.dumps([list(t) for t in m.tokens])) for m in models]
+    labels = [(safe_cell(m.summary()), m.num_zhen_layers, safe_cell(json.dumps([list(t) for t in m.tokens])))
+              for m in models]
     for t, ranking in enumerate(rankings):
         speed = ranking.samples_per_s()
         ranks = np.zeros(len(found), dtype=int)
         ranks[ranking.order()] = np.arange(1, len(ranking.order()) + 1)
         frontier = pareto(found.params.astype(float), speed)
         bound = ranking.global_batch / ranking.bound
+        cluster, plans = safe_cell(ranking.target.cluster.summary()), {p: safe_cell(p) for p in set(ranking.plans)}
         for c in range(len(found)):
             run = measured.get((t, c), (math.nan, ""))
-            yield [ranking.target.cluster.summary(), ranking.target.micro, ranks[c] or "", labels[c][0],
+            yield [cluster, ranking.target.micro, ranks[c] or "", labels[c][0],
                    labels[c][1], labels[c][2], int(found.params[c]),
                    f"{(found.params[c] - base_params) / base_params:.4f}", f"{3 * ranking.flops[c] / 1e9:.4g}",
                    _num(speed[c]), _num(ranking.seconds[c] * 1e3), _num(ranking.memory[c] / 2**30),
-                   ranking.plans[c], "full" if ranking.searched[c] else "one-program",
-                   _num(bound[c]), int(frontier[c]), ranking.reasons.get(c, ""), _num(run[0]), run[1]]
+                   plans[ranking.plans[c]], "full" if ranking.searched[c] else "one-program",
+                   _num(bound[c]), int(frontier[c]), safe_cell(ranking.reasons.get(c, "")), _num(run[0]), run[1]]
 
 
 def _num(value: float) -> str:
@@ -351,14 +356,12 @@ def write_csv(found: Candidates, rankings: Sequence[Ranking], path: str,
     """Every candidate of every target to `path`; returns the row count."""
     import csv
 
-    from codesign.csv_cells import safe_cell
-
     with open(path, "w", newline="", encoding="utf-8") as f:
         writer = csv.writer(f, lineterminator="\n")
         writer.writerow(COLUMNS)
         count = 0
         for row in csv_rows(found, rankings, measured):
-            writer.writerow([safe_cell(cell) for cell in row])
+            writer.writerow(row)
             count += 1
     return count
 
