@@ -37,8 +37,8 @@ from codesign.planner.plan import Plan, check_plan, make_plan
 from codesign.config.types import Job
 
 log = logging.getLogger(__name__)
-# Steps of each auto_trials candidate; the first (compilation's warm-up) is not timed: the median
-# of 2 steps put three twins of one plan 36.7 to 55.4 ms apart on 8 CPU devices.
+# Steps of each auto_trials candidate; the first (compilation's warm-up) is not timed: a median of
+# fewer steps could not tell twins of one plan apart from different plans on CPU devices.
 TRIAL_STEPS = 8
 
 

@@ -175,9 +175,7 @@ def saved_residual(primitive: Any, *_, **__) -> bool:
     needs but a broadcast, which the backward makes again from what it broadcast (a ReLU's zeros,
     LayerNorm's per-sample statistics, a constant column). Saved, they were program outputs at
     their full size: a constant's whole on each device of a dp stage, where XLA had nothing to
-    shard it by. Seed model, pp 2 x dp 4 at 1 micro-batch, compiled for H100s (bench/RESULTS.md):
-    the second stage's residuals 13.8 GiB a device against 5.8, its peak 17.3 against 9.4; on CPU,
-    pp 2 x dp 2 of a small model at 1 micro-batch 12% faster a step, the same losses."""
+    shard it by; recomputed, they roughly halved a dp stage's peak on H100s (bench/RESULTS.md)."""
     return primitive is not lax.broadcast_in_dim_p
 
 

@@ -177,10 +177,9 @@ def _uniform(matmul: float, overhead: float, elementwise: float) -> tuple[tuple[
     return (*rates, (LAYER, Rate(elementwise, elementwise, overhead)))
 
 
-# XLA:GPU's compiled steps hold 0.43-0.63 of the residuals and backward scratch the model counts
-# (XLA:CPU's, from which the counts were fitted): on the H100's 8 jobs of bench/gpu_cost.toml
-# (seed and F256 models, bf16 and fp32, batch 1024 and 4096) 0.55 predicts the compiled peak
-# within 10.5% (median 5%) against 41-55% over at 1.0; the H200's 7 jobs needed 0.43-0.60.
+# XLA:GPU's compiled steps hold about half the residuals and backward scratch the model counts
+# (XLA:CPU's, from which the counts were fitted): fitted to an H100's jobs of bench/gpu_cost.toml
+# (bench/RESULTS.md, "Predicted memory"); tests/test_cost.py holds it to them.
 GPU_ACTIVATION_SHARE = 0.55
 
 
@@ -214,10 +213,8 @@ def _gpu(kind: str, sheet: DataSheet) -> DeviceProfile:
 # GPUs as `codesign profile` measured them (measured/KIND.json), in place of their data sheet's
 # profile, with the data sheet's memory: its mixer points span the widths and micro-batches a sweep
 # prices, where the data sheet's one efficiency was fitted to the seed model's step alone. The
-# H200's is the profile of bench/gpu_check.sh's run at ff78d00 (jax 0.11.2; bench/RESULTS.md):
-# it prices that run's eight CLI jobs (the seed model and F256 D64 O16, bf16 and fp32, batch 1024
-# and 4096) at a median time error of 6.3% (p90 10.9%), the data sheet's at 11.0% (p90 23.4%: the
-# F256 model's steps 11-27% short). tests/test_cost.py holds it to those jobs.
+# H200's is the profile of one bench/gpu_check.sh run (bench/RESULTS.md, "Cost model on GPUs");
+# tests/test_cost.py holds it to that run's jobs and to a model of widths it never probed.
 MEASURED = Path(__file__).with_name("measured")
 
 
