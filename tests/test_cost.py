@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from codesign.planner import cost, shared_cores
+from codesign.planner import cost, formulas, shared_cores
 from codesign.planner.cost import (
     Memory,
     StageCost,
@@ -63,9 +63,9 @@ def test_collective_formulas():
     assert cost.all_reduce(800.0, 4, link) == pytest.approx(6 * 1.0 + 1.5 * 8.0)
     assert cost.all_gather(800.0, 4, link) == pytest.approx(3 * 1.0 + 0.75 * 8.0)
     assert cost.all_reduce(800.0, 1, link) == 0.0
-    assert cost.point_to_point(100.0, link) == 2.0
+    assert formulas.point_to_point(100.0, link) == 2.0
     inter = Link(10.0, 5.0)  # across 2 hosts of 4: inside each host, then a quarter of the bytes across
-    assert cost.hierarchical(cost.all_reduce, 800.0, 2, 4, link, inter) == pytest.approx(
+    assert formulas.hierarchical(cost.all_reduce, 800.0, 2, 4, link, inter) == pytest.approx(
         cost.all_reduce(800.0, 4, link) + cost.all_reduce(200.0, 2, inter))
 
 

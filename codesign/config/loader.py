@@ -15,6 +15,7 @@ from codesign.errors import ConfigError
 from codesign.config.types import (
     AUTO_SEARCH,
     MIXERS,
+    OBJECTIVES,
     PLATFORMS,
     PRECISIONS,
     SCHEDULES,
@@ -167,7 +168,7 @@ ACCEPTED_KEYS: dict[str, frozenset[str]] = {
     "cluster_spec": frozenset({"num_hosts", "num_devices_per_host", "transport", "platform", "device"}),
     "parallel_spec": frozenset({"description", "num_micro_batches", "num_auto_layers", "remat_layer", PP_DP_OP,
                                 "physical_mesh_shape", "auto_sharding_option", "host_ids", "device_ids",
-                                "pipeline_schedule", "auto_trials"}),
+                                "pipeline_schedule", "auto_trials", "objective", "max_slowdown", "eta"}),
     "parallel_spec.auto_sharding_option": frozenset(SHARDING_OPTIONS),
     "ray": frozenset({"address", "max_concurrent"}),
     "links.NAME": frozenset({"bandwidth", "latency"}),
@@ -270,9 +271,14 @@ def parse_parallel(t: _Table) -> ParallelSpec:
         t.fail("physical_mesh_shape", f"{list(mesh_shape)} holds {mesh_shape[0] * mesh_shape[1]} "
                f"devices but each stage needs dp * op = {pp_dp_op[1] * pp_dp_op[2]}")
     host_ids, device_ids = _placement(t, pp_dp_op)
-    if t.has("auto_trials") and not auto:
-        t.fail("auto_trials", f"applies only to description = {AUTO_SEARCH!r} (the toolkit measures "
-               f"its best predicted plans); a manual plan runs as written")
+    for field in ("auto_trials", "objective", "max_slowdown", "eta"):
+        if t.has(field) and not auto:
+            t.fail(field, f"applies only to description = {AUTO_SEARCH!r} (the toolkit chooses its plan); "
+                   f"a manual plan runs as written")
+    objective = t.choice("objective", OBJECTIVES, "time")
+    eta = t.float("eta", 0.5, minimum_exclusive=False)
+    if eta > 1:
+        t.fail("eta", f"expected a weight between 0 and 1, got {eta!r}")
     return ParallelSpec(description=description,
                         num_micro_batches=t.int_list("num_micro_batches"),
                         num_auto_layers=t.int("num_auto_layers", default=1),
@@ -281,7 +287,8 @@ def parse_parallel(t: _Table) -> ParallelSpec:
                         auto_sharding_option=_sharding_options(t),
                         host_ids=host_ids, device_ids=device_ids,
                         pipeline_schedule=t.choice("pipeline_schedule", SCHEDULES, "1F1B", any_case=True),
-                        auto_trials=t.int("auto_trials", default=1))
+                        auto_trials=t.int("auto_trials", default=1), objective=objective,
+                        max_slowdown=t.float("max_slowdown", None, minimum_exclusive=False), eta=eta)
 
 
 def _sharding_options(t: _Table) -> tuple[tuple[str, Any], ...]:

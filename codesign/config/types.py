@@ -13,6 +13,7 @@ PRECISIONS = ("fp32", "bf16")
 SCHEDULES = ("1F1B", "GPipe")
 AUTO_SEARCH = "Auto search"
 SHARDING_OPTIONS = ("force_batch_dim_to_mesh_dim", "prefer_reduce_scatter")
+OBJECTIVES = ("time", "energy", "cost")  # what Auto search minimises (planner.objective)
 
 
 @dataclass(frozen=True)
@@ -92,6 +93,9 @@ class ParallelSpec:
     device_ids: tuple[tuple[tuple[int, ...], ...], ...] | None = None
     pipeline_schedule: str = "1F1B"
     auto_trials: int = 1  # Auto search: measure this many of the best predicted plans, run the fastest
+    objective: str = "time"  # Auto search: what its best plan minimises (OBJECTIVES)
+    max_slowdown: float | None = None  # Auto search, energy or cost: at most this share slower than the fastest
+    eta: float = 0.5  # Auto search, cost: the weight of energy against time
 
     @property
     def is_auto(self) -> bool:
@@ -109,7 +113,8 @@ class ParallelSpec:
     def summary(self) -> str:
         if self.is_auto:
             trials = f" trials={self.auto_trials}" if self.auto_trials > 1 else ""
-            return f"{AUTO_SEARCH} groups={self.num_auto_layers}{trials}"
+            goal = f" objective={self.objective}" if self.objective != "time" else ""
+            return f"{AUTO_SEARCH} groups={self.num_auto_layers}{trials}{goal}"
         pp, dp, op = self.pp_dp_op
         remat = " remat" if self.remat_layer else ""
         return f"pp{pp} dp{dp} op{op} groups={self.num_auto_layers}{remat}"

@@ -29,6 +29,7 @@ from codesign.errors import PlanError
 from codesign.planner.columns import plan_columns
 from codesign.planner.cost import StageCost, Workload, estimate, stage_cost
 from codesign.planner.device_profiles import ProfileBook
+from codesign.planner.objective import of_spec, order
 from codesign.planner.plan import MESH_AXES, Plan, StagePlan, layer_groups
 from codesign.planner.schedule import max_in_flight
 from codesign.planner.space import (
@@ -38,7 +39,6 @@ from codesign.planner.space import (
     assemble,
     block_fits,
     block_sizes,
-    by_rank,
     degrees,
     in_space,
     meshes,
@@ -110,11 +110,12 @@ class NoPlanFits(PlanError):
 
 
 def choose_plan(job: Job, book: ProfileBook, links: Iterable[LinkSpec] = ()) -> AutoChoice:
-    """The plans of the job's space that fit, ranked by predicted time; NoPlanFits when none does."""
+    """The plans of the job's space that fit, best first by the spec's objective (time, unless it
+    says energy or cost: then at the power settings the device accepts); NoPlanFits when none does."""
     start = time.perf_counter()
     workload = Workload.of(job, book.for_job(job), links)
     priced = price_space(job, workload)
-    fitting = tuple(c for c in by_rank(priced) if c.estimate.fits)
+    fitting = tuple(c for c in order(priced, of_spec(job.parallel), workload) if c.estimate.fits)
     if not fitting:
         raise NoPlanFits(no_fit_message(workload, priced))
     return AutoChoice(fitting, len(priced), time.perf_counter() - start, job.cluster.num_devices_per_host)

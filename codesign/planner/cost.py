@@ -3,19 +3,19 @@
 Pure Python and numpy (no JAX): pricing a plan takes microseconds. Three parts, kept apart:
 - formulas (planner.formulas): alpha-beta collectives, the roofline of one mixer call, Adam as
   memory traffic; what devices sharing cores add (planner.shared_cores);
-- feeders: a `Workload` holds what every plan of one (model, cluster, training, micro-batches)
-  shares (per-layer counts from zhen.counts, the device profile, the links), and the per-stage
+- feeders: a `Workload` (planner.workload) holds what every plan of one (model, cluster,
+  training, micro-batches) shares (per-layer counts from zhen.counts, the device profile, the
+  links), and the per-stage
   functions (`stage_compute`, `stage_memory`) price a contiguous range of layers on a (dp, op)
   submesh, so a dynamic program over stage boundaries can call them directly; they also take
   arrays, to price many models at once (planner.fast_pass);
 - `estimate(workload, plan)`: the whole plan. pp = 1 is gradient accumulation; pp > 1 is an
-  event simulation of exactly the orders the pipeline engine dispatches (planner.schedule).
+  event simulation of exactly the orders the pipeline engine dispatches (planner.timeline);
+  its joules from what each device does and how long it idles (planner.power).
 """
 
 from __future__ import annotations
 
-import functools
-from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
 import numpy as np
@@ -23,8 +23,7 @@ import numpy as np
 from codesign.errors import PlanError
 from codesign.planner.formulas import (
     Compute,
-    ACTIVATION_BYTES,
-    ADAM_TRAFFIC,  # noqa: F401  engine.probe reads it from here
+    most,
     PARAM_BYTES,
     Estimate,
     Memory,
@@ -34,8 +33,6 @@ from codesign.planner.formulas import (
     all_gather,
     all_reduce,
     call_time,
-    hierarchical,
-    point_to_point,
     reduce_scatter,
 )
 from codesign.planner.plan import Plan, StagePlan, make_plan
@@ -43,11 +40,12 @@ from codesign.planner.device_profiles import (
     ENCODER_PAIR,
     LAYER,
     DeviceProfile,
-    Link,
     ProfileBook,
-    cluster_links,
 )
-from codesign.planner.schedule import BACKWARD, FORWARD, dispatch_order, max_in_flight
+from codesign.planner.power import Busy, iteration_joules
+from codesign.planner.schedule import max_in_flight
+from codesign.planner.timeline import simulate
+from codesign.planner.workload import Submesh, Workload
 from codesign.planner.shared_cores import (
     call_cost,
     copies,
@@ -59,7 +57,7 @@ from codesign.planner.shared_cores import (
     remat_fixed,
 )
 from codesign.config.loader import LinkSpec
-from codesign.config.types import ClusterSpec, Job, ModelSpec
+from codesign.config.types import Job, ModelSpec
 from codesign.zhen import counts
 # Recorded on every attempt beside its prediction: bump it with every change to what the model predicts.
 COST_MODEL_VERSION = "2026.11.28.1"
@@ -67,91 +65,11 @@ COST_MODEL_VERSION = "2026.11.28.1"
 # the kernel and its mirror to fold the rows (and writes them); the backward writes the folded
 # gradient's zero-filled square, reads it and its mirror and writes the kernel's gradient.
 FOLD_FORWARD, FOLD_BACKWARD = 3, 4
+# A layer's traffic is its forward's once and its backward's three times; remat adds a forward's.
+REMAT_TRAFFIC = 5 / 4
 
 
 # -- feeders ---------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Workload:
-    """What every plan of one (model, cluster, training, micro-batch count) shares."""
-
-    model: ModelSpec
-    cluster: ClusterSpec
-    precision: str
-    global_batch: int
-    micro_batches: int
-    profile: DeviceProfile
-    intra: Link
-    inter: Link
-    layers: tuple[counts.Work, ...]  # per layer, all of it
-    own: tuple[counts.Work, ...]  # per layer, outside its mixers
-    mixers: tuple[tuple[tuple[str, counts.Work], ...], ...]  # per layer, (kind, work) of each mixer
-    # estimate's stages by what they read: a search prices each stage in many plans
-    stage_costs: dict[tuple, StageCost] = field(default_factory=dict, compare=False, repr=False)
-
-    @classmethod
-    def of(cls, job: Job, profile: DeviceProfile, links: Iterable[LinkSpec] = ()) -> Workload:
-        m, fold = job.model, job.training.fold_dot
-        intra, inter = cluster_links(profile, job.cluster, links)
-        layers = range(m.num_zhen_layers)
-        mixers = tuple(counts.layer_mixers(m, i, fold) for i in layers)
-        return cls(m, job.cluster, job.training.precision, job.global_batch, job.num_micro_batches,
-                   profile, intra, inter, tuple(counts.layer_work(m, i, fold) for i in layers),
-                   tuple(counts.layer_own_work(m, i) for i in layers), mixers)
-
-    @property
-    def micro_batch(self) -> int:
-        return self.global_batch // self.micro_batches
-
-    @property
-    def activation_bytes(self) -> int:
-        return ACTIVATION_BYTES[self.precision]
-
-    def group(self, devices: Sequence[int]) -> tuple[int, int]:
-        """(hosts, devices per host) a collective over these devices spans."""
-        per_host = self.cluster.num_devices_per_host
-        hosts = len({d // per_host for d in devices})
-        return hosts, max(1, len(devices) // hosts)
-
-    def link(self, src: Sequence[int], dst: Sequence[int]) -> Link:
-        """Between two stages' devices: inside a host where they share one, else across hosts."""
-        per_host = self.cluster.num_devices_per_host
-        return self.intra if {d // per_host for d in src} & {d // per_host for d in dst} else self.inter
-
-    def collective(self, kind, nbytes: float, devices: Sequence[int], calls: int = 1) -> float:
-        return hierarchical(kind, nbytes, *self.group(devices), self.intra, self.inter, calls)
-
-    def collective_calls(self, layers: Sequence[int]) -> int:
-        """Collectives over these layers' parameters (or gradients): one, where XLA combines them
-        (GPU); one per array on CPU, where each array's reduction pays the devices' rendezvous."""
-        return 1 if self.profile.combines_collectives else sum(self.layers[i].tensors for i in layers)
-
-
-@dataclass(frozen=True)
-class Submesh:
-    """Where a stage runs: its (dp, op) grid of device ids, and the batch's mesh axis."""
-
-    device_ids: tuple[int, ...]
-    dp: int
-    op: int
-    batch_axis: str = "dp"
-
-    @classmethod
-    def of(cls, stage: StagePlan, batch_axis: str) -> Submesh:
-        return cls(stage.device_ids, stage.dp, stage.op, batch_axis)
-
-    @property
-    def batch_shards(self) -> int:
-        return self.dp if self.batch_axis == "dp" else self.op
-
-    @property
-    def dp_group(self) -> tuple[int, ...]:
-        return self.device_ids[::self.op]
-
-    @property
-    def op_group(self) -> tuple[int, ...]:
-        return self.device_ids[:self.op]
-
 
 def stage_compute(w: Workload, layers: Sequence[int], mesh: Submesh, remat: bool,
                   busy: int) -> tuple[float, float, dict[str, float]]:
@@ -178,6 +96,7 @@ def layer_compute(w: Workload, i: int, mesh: Submesh, busy: int, into: Compute =
     samples = w.micro_batch / mesh.batch_shards
     split = mesh.op if mesh.batch_axis == "dp" else 1
     fwd, bwd, fixed, overheads, comm = into.forward, into.backward, into.fixed, into.overheads, into.communication
+    moved = into.traffic
     for kind, work in w.mixers[i]:
         if work.sharded_flops and mesh.op > 1:
             collective, seconds = op_collective(w, work, samples, mesh)
@@ -189,6 +108,7 @@ def layer_compute(w: Workload, i: int, mesh: Submesh, busy: int, into: Compute =
         fold = work.fold_kernel * PARAM_BYTES / mesh.op / (p.bandwidth * share)
         fwd += (call_time(flops, rate.forward, rate.overhead, share, rate.forward_points, fixed_at) + traffic
                 + FOLD_FORWARD * fold)
+        moved += 4 * traffic + (FOLD_FORWARD + FOLD_BACKWARD) * fold
         fixed += rate.overhead / fixed_at
         overheads += 3 * rate.overhead / fixed_at  # the forward's call, the backward's two
         skipped = flops * work.skipped_backward / work.flops if work.flops else 0.0
@@ -202,7 +122,7 @@ def layer_compute(w: Workload, i: int, mesh: Submesh, busy: int, into: Compute =
     overheads += 2 * rate.overhead / fixed_at
     bwd += call_time(2 * samples * own.flops, rate.backward, rate.overhead, share,
                      rate.backward_points, fixed_at) + 3 * traffic
-    return Compute(fwd, bwd, fixed, overheads, comm["op all-reduce"], comm["op all-gather"])
+    return Compute(fwd, bwd, fixed, overheads, comm["op all-reduce"], comm["op all-gather"], moved + 4 * traffic)
 
 
 def finish(p: DeviceProfile, op: int, remat: bool, c: Compute) -> tuple[Any, Any, dict[str, Any]]:
@@ -222,10 +142,6 @@ def _where(condition, yes, no):
     """`yes if condition else no`, elementwise where the condition is an array."""
     return np.where(condition, yes, no) if isinstance(condition, np.ndarray) else (yes if condition else no)
 
-
-def _most(values: Iterable) -> Any:
-    """max() of seconds or bytes, elementwise where they are arrays."""
-    return functools.reduce(np.maximum, values)
 
 
 def engine_calls(mixers: Sequence[tuple[str, counts.Work]]) -> list[tuple[str, counts.Work]]:
@@ -337,10 +253,10 @@ def stage_memory(w: Workload, layers: Sequence[int], groups: Sequence[Sequence[i
     backward = {i: rows[i] + 2 * w.layers[i].fold_kernel / mesh.op * PARAM_BYTES for i in layers}
     if remat:
         kept = sum(carry[g[0]] for g in groups)
-        working = _most(sum(per_layer[i] for i in g) + _most(backward[i] for i in g) for g in groups)
+        working = most(sum(per_layer[i] for i in g) + most(backward[i] for i in g) for g in groups)
     else:
         kept = sum(per_layer.values()) + carry[layers[0]] + sum(folded.values())
-        working = _most(per_layer[i] + backward[i] for i in layers)
+        working = most(per_layer[i] + backward[i] for i in layers)
     kept, working = (w.profile.activation_share * x for x in (kept, working))
     first, last = data_samples
     data = (w.global_batch / mesh.batch_shards) * 4 * (
@@ -351,9 +267,9 @@ def stage_memory(w: Workload, layers: Sequence[int], groups: Sequence[Sequence[i
     # beside the ones kept: the accumulated sum, or under ZeRO-2 their shard.
     local = params if (zero and mesh.dp > 1) or w.micro_batches > 1 else 0.0
     if fused:  # the update runs once the backward has freed the activations
-        scratch = _most((working, update - activations)) + local
+        scratch = most((working, update - activations)) + local
     else:  # a stage's backward program computes a micro-batch's gradients, then adds them to the sum
-        scratch = _most((working + params, update))
+        scratch = most((working + params, update))
     return Memory(params=params, grads=grads, adam=2 * grads, activations=activations, workspace=data + scratch)
 
 
@@ -381,9 +297,24 @@ def estimate(w: Workload, plan: Plan) -> Estimate:
         seconds = max(max(ends), pipeline_floor(w.profile, plan, stages, busy, host))
         bubble = max(0.0, pipeline_end - max(micro * (s.forward + s.backward) for s in alone))
     peak = max((s.memory for s in stages), key=lambda m: m.total)
+    busy = tuple(stage_busy(plan, s, c, seconds if pp == 1 else None)
+                 for s, c in zip(plan.stages, stages if pp == 1 else alone))
+    devices = w.cluster.num_devices
     return Estimate(seconds=seconds, compute=tuple(micro * (s.forward + s.backward) for s in stages),
                     communication={k: v for k, v in comm.items() if v}, bubble=bubble,
-                    optimizer=max(s.update for s in stages), memory=peak, device_memory=w.profile.memory)
+                    optimizer=max(s.update for s in stages), memory=peak, device_memory=w.profile.memory,
+                    energy=iteration_joules(w.profile, busy, seconds, devices), busy=busy, devices=devices)
+
+
+def stage_busy(plan: Plan, stage: StagePlan, cost: StageCost, one_program_seconds: Any = None) -> Busy:
+    """What the stage's devices do in an iteration (planner.power): its work (a single program:
+    the step's seconds), less its collectives and its memory-bound seconds, is compute-bound."""
+    work = plan.num_micro_batches * (cost.forward + cost.backward) + cost.update
+    if one_program_seconds is not None:
+        work = np.minimum(work, one_program_seconds)
+    talk = sum(cost.communication.values())
+    memory = np.minimum(cost.memory_bound, work - talk)
+    return Busy(len(stage.device_ids), np.maximum(work - talk - memory, 0.0), memory, talk)
 
 
 def plan_stage(w: Workload, plan: Plan, index: int, busy: int) -> StageCost:
@@ -429,54 +360,11 @@ def stage_cost(w: Workload, stage: StagePlan, index: int, plan: Plan, busy: int,
     if np.any(gather):
         communication["dp all-gather (ZeRO-2)"] = gather
     accumulate = accumulate_time(memory.grads, w.profile, memory_share(w.profile, busy), micro)
+    traffic = (REMAT_TRAFFIC if plan.remat else 1.0) * compute.traffic + compute.overheads
+    memory_bound = micro * (traffic + accumulate) + update - gather
     if once:
-        return StageCost(fwd, bwd + accumulate, update + sync, communication, memory, compute.overheads)
-    return StageCost(fwd, bwd + sync + accumulate, update, communication, memory, compute.overheads)
-
-
-def launches(kind: str, stage: int, pp: int) -> int:
-    """Host launches of one pipeline call: the call, and the device_put of what it hands on."""
-    moves = (kind == FORWARD and stage < pp - 1) or (kind == BACKWARD and stage > 0)
-    return 2 if moves else 1
-
-
-def transfer_time(w: Workload, plan: Plan, index: int) -> float:
-    """Seconds to move one micro-batch's carry from stage index to index + 1 (or a cotangent back):
-    each source device sends its batch shard; across hosts when the two stages share none."""
-    src, dst = plan.stages[index], plan.stages[index + 1]
-    nbytes = w.micro_batch * w.activation_bytes * counts.carry_width(w.model, src.layers[-1])
-    shards = Submesh.of(src, plan.batch_axis).batch_shards
-    return point_to_point(nbytes / shards, w.link(src.device_ids, dst.device_ids))
-
-
-def simulate(w: Workload, plan: Plan, stages: list[StageCost],
-             hops: Sequence[Any] | None = None) -> tuple[list[float], float, float, float]:
-    """Event simulation of the pipeline engine: the host dispatches the schedule's dispatch_order
-    (each call, and each device_put between stages, costs the stage's call_cost), each stage runs its
-    calls in that order, a forward waits for the previous stage's activation, a backward for the
-    next stage's cotangent; then one update per stage. Returns each stage's end time, when the
-    last backward ended, the seconds spent in transfers and the host's seconds of launches. Stage
-    times (and `hops`, the transfers' where given) may be arrays: it only adds and takes maxima."""
-    pp, micro = len(plan.stages), plan.num_micro_batches
-    dispatch = [call_cost(w.profile, len(stage.device_ids)) for stage in plan.stages]
-    hops = [transfer_time(w, plan, s) for s in range(pp - 1)] if hops is None else hops
-    host, free, done = 0.0, [0.0] * pp, {}
-    for s, kind, m in dispatch_order(plan.schedule, pp, micro):
-        host += dispatch[s] * launches(kind, s, pp)
-        if kind == FORWARD:
-            ready = done[s - 1, FORWARD, m] + hops[s - 1] if s > 0 else 0.0
-            seconds = stages[s].forward
-        else:
-            ready = done[s, FORWARD, m]
-            if s < pp - 1:
-                ready = _most((ready, done[s + 1, BACKWARD, m] + hops[s]))
-            seconds = stages[s].backward
-        done[s, kind, m] = free[s] = _most((host, free[s], ready)) + seconds
-    ends = []
-    for s in range(pp):
-        host += dispatch[s]
-        ends.append(_most((host, free[s])) + stages[s].update)
-    return ends, _most(free), 2 * micro * sum(hops), host
+        return StageCost(fwd, bwd + accumulate, update + sync, communication, memory, compute.overheads, memory_bound)
+    return StageCost(fwd, bwd + sync + accumulate, update, communication, memory, compute.overheads, memory_bound)
 
 
 def predict(job: Job, book: ProfileBook, links: Iterable[LinkSpec] = ()) -> dict[str, object]:
@@ -493,6 +381,7 @@ def predict(job: Job, book: ProfileBook, links: Iterable[LinkSpec] = ()) -> dict
 
 def recorded(found: Estimate, profile: DeviceProfile) -> dict[str, object]:
     """An estimate as an attempt records it: predicted_time, predicted_memory, the breakdown."""
-    return {"predicted_time": found.seconds, "predicted_memory": found.peak_bytes,
+    energy = None if np.isnan(found.energy) else float(found.energy)
+    return {"predicted_time": found.seconds, "predicted_memory": found.peak_bytes, "predicted_energy": energy,
             "prediction": {**found.breakdown(), "device_kind": profile.kind, "profile": profile.source}}
 

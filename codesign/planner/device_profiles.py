@@ -45,6 +45,31 @@ Points = tuple[tuple[float, float], ...]  # (FLOPs of one call, its seconds), FL
 
 
 @dataclass(frozen=True)
+class PowerModel:
+    """Watts one device draws by what it does (for devices that share cores, the whole host's),
+    and the power limits it accepts: what the cost model turns seconds into joules with."""
+
+    idle: float  # doing nothing: a bubble, a wait, an unused device
+    compute: float  # busy and compute-bound, at full clock
+    memory: float  # busy and memory-bound (or launch-bound), at full clock
+    communication: float  # in collectives and transfers between devices
+    limits: tuple[float, float] = (0.0, 0.0)  # (lowest, highest) settable power limit; (0, 0): none
+    floor: float = 0.0  # busy at the lowest clock (planner.power); 0: as idle
+    source: str = "built-in"  # where the figures come from
+
+    def to_dict(self) -> dict[str, Any]:
+        """Watts as floats, so that a profile read back names the same figures (profile_id)."""
+        watts = {k: float(getattr(self, k)) for k in ("idle", "compute", "memory", "communication", "floor")}
+        return {**watts, "limits": [float(x) for x in self.limits], "source": self.source}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> PowerModel:
+        return cls(float(data["idle"]), float(data["compute"]), float(data["memory"]),
+                   float(data["communication"]), tuple(float(x) for x in data.get("limits", (0, 0))),
+                   float(data.get("floor", 0.0)), data.get("source", "measured"))
+
+
+@dataclass(frozen=True)
 class Rate:
     """One kind of work on one device: effective FLOP/s forward and backward, seconds per call.
     Measured points, where a profile has them, price a call instead (a GPU's time per call is
@@ -116,6 +141,7 @@ class DeviceProfile:
     roofline: bool = True  # rates count FLOPs only, activation traffic is added at `bandwidth`;
     # False: measured rates already include the traffic at the probed widths
     cores: int = 0  # shared cores: how many the host has (an op group's fixed costs overlap on them); 0: unknown
+    power: PowerModel | None = None  # None: energy is not priced (a profile from before power models)
     versions: tuple[tuple[str, str], ...] = ()
     source: str = "built-in"
 
@@ -142,7 +168,8 @@ class DeviceProfile:
         data["rates"] = {p: {k: r.to_dict() for k, r in table} for p, table in self.rates}
         data["speedup"] = [list(s) for s in self.speedup]
         data["versions"] = dict(self.versions)
-        for name, unset in (("activation_share", 1.0), ("cores", 0)):  # profiles from before them keep their ids
+        data["power"] = self.power.to_dict() if self.power else None
+        for name, unset in (("activation_share", 1.0), ("cores", 0), ("power", None)):  # profiles from before them keep their ids
             if data[name] == unset:
                 del data[name]
         return data
@@ -162,6 +189,7 @@ class DeviceProfile:
                    combines_collectives=bool(data.get("combines_collectives", True)),
                    lockstep=float(data.get("lockstep", 0.0)),
                    roofline=bool(data.get("roofline", True)), cores=int(data.get("cores", 0)),
+                   power=PowerModel.from_dict(data["power"]) if data.get("power") else None,
                    versions=tuple(sorted(data.get("versions", {}).items())), source=data.get("source", "measured"))
 
 
@@ -185,16 +213,36 @@ GPU_ACTIVATION_SHARE = 0.55
 
 @dataclass(frozen=True)
 class DataSheet:
-    """A GPU as its vendor lists it: memory, dense peak FLOP/s (bf16, and TF32 for fp32), HBM B/s."""
+    """A GPU as its vendor lists it: memory, dense peak FLOP/s (bf16, and TF32 for fp32), HBM B/s,
+    board power (TDP) and the lowest power limit it accepts, and its idle draw as measured."""
 
     memory_gib: float
     bf16: float
     tf32: float
     bandwidth: float
+    tdp: float
+    lowest_limit: float
+    idle: float
 
 
-DATA_SHEETS = {"H100": DataSheet(80, 989e12, 495e12, 3.35e12), "H200": DataSheet(141, 989e12, 495e12, 4.8e12),
-               "A100": DataSheet(80, 312e12, 156e12, 2.04e12)}
+# TDP: NVIDIA's H100/H200 SXM data sheets (up to 700 W) and A100 SXM4 (400 W). Lowest limits:
+# nvidia-smi's power-limit range (H100/H200 SXM 200 W, as power-capping studies of both sweep
+# it, 200-700 W; A100 SXM4 100 W). Idle: an H200 SXM measured 80 W idle (alice GPU energy
+# benchmark, 2026), taken for the H100 too; an A100 SXM4 idles near 50 W.
+DATA_SHEETS = {"H100": DataSheet(80, 989e12, 495e12, 3.35e12, 700, 200, 80),
+               "H200": DataSheet(141, 989e12, 495e12, 4.8e12, 700, 200, 80),
+               "A100": DataSheet(80, 312e12, 156e12, 2.04e12, 400, 100, 50)}
+# Busy watts as shares of TDP where nothing measured them: compute-bound kernels run at the
+# limit; memory- and launch-bound ones, and collectives, leave the SMs partly idle; at its
+# lowest clock a busy GPU still draws its memory's and fabric's share. `codesign profile` on a
+# GPU measures the busy figures in its timed loops.
+MEMORY_BOUND_TDP, COMMUNICATION_TDP, FLOOR_TDP = 0.65, 0.45, 0.25
+
+
+def data_sheet_power(sheet: DataSheet) -> PowerModel:
+    return PowerModel(idle=sheet.idle, compute=sheet.tdp, memory=MEMORY_BOUND_TDP * sheet.tdp,
+                      communication=COMMUNICATION_TDP * sheet.tdp, limits=(sheet.lowest_limit, sheet.tdp),
+                      floor=FLOOR_TDP * sheet.tdp, source="data sheet")
 
 
 def _gpu(kind: str, sheet: DataSheet) -> DeviceProfile:
@@ -207,7 +255,8 @@ def _gpu(kind: str, sheet: DataSheet) -> DeviceProfile:
     return DeviceProfile(kind=kind, platform="gpu", memory=int(sheet.memory_gib * 2**30),
                          rates=(("bf16", _uniform(0.5 * sheet.bf16, launch, 0.1 * sheet.bf16)),
                                 ("fp32", _uniform(0.5 * sheet.tf32, launch, 0.1 * sheet.tf32))),
-                         bandwidth=0.8 * sheet.bandwidth, dispatch=30e-6, activation_share=GPU_ACTIVATION_SHARE)
+                         bandwidth=0.8 * sheet.bandwidth, dispatch=30e-6, activation_share=GPU_ACTIVATION_SHARE,
+                         power=data_sheet_power(sheet))
 
 
 # GPUs as `codesign profile` measured them (measured/KIND.json), in place of their data sheet's
@@ -219,8 +268,24 @@ MEASURED = Path(__file__).with_name("measured")
 
 
 def _measured_gpus() -> dict[str, DeviceProfile]:
-    return {path.stem: DeviceProfile.from_dict(json.loads(path.read_text())) for path in MEASURED.glob("*.json")}
+    return {path.stem: with_power(DeviceProfile.from_dict(json.loads(path.read_text())))
+            for path in MEASURED.glob("*.json")}
 
+
+def with_power(profile: DeviceProfile) -> DeviceProfile:
+    """A profile measured before profiles measured power gets its data sheet's power model (a
+    CPU's: the assumed one), so that every profile prices joules."""
+    if profile.power is not None:
+        return profile
+    sheet = next((DATA_SHEETS[k] for k in DATA_SHEETS if k.lower() in profile.kind.lower()), None)
+    power = data_sheet_power(sheet) if sheet else CPU_POWER if profile.shares_cores else None
+    return dataclasses.replace(profile, power=power) if power else profile
+
+
+# Virtual CPU devices share the host: its power, not a device's. This VM exposes no power
+# counter; assumed: two cores' share of a 225 W, 64-core EPYC package (3.5 W per busy core,
+# about 1 W idle), memory-bound work drawing a little less. No power limit to set.
+CPU_POWER = PowerModel(idle=2.0, compute=7.0, memory=6.0, communication=5.0, source="assumed")
 
 BUILTIN: dict[str, DeviceProfile] = {
     **{kind: _gpu(kind, sheet) for kind, sheet in DATA_SHEETS.items()},
@@ -241,7 +306,7 @@ BUILTIN: dict[str, DeviceProfile] = {
                          bandwidth=2.1e10, dispatch=9.7e-5,
                          speedup=((1, 1.0), (2, 1.11), (4, 1.37), (8, 1.52)), link=Link(3.1e9, 9.4e-6),
                          sync_traffic=2.4, contention=0.044, combines_collectives=False, roofline=False,
-                         lockstep=0.14),
+                         lockstep=0.14, power=CPU_POWER),
 }
 
 
@@ -265,7 +330,7 @@ class ProfileBook:
 
     def add(self, profile: DeviceProfile) -> None:
         """Keep a measured profile under its device kind (which platform it is local to is `local`'s)."""
-        self.profiles[profile.kind] = profile
+        self.profiles[profile.kind] = with_power(profile)
 
     @property
     def kinds(self) -> list[str]:

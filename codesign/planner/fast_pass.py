@@ -21,17 +21,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from codesign.planner.cost import (
-    Submesh,
-    Workload,
-    finish,
-    layer_compute,
-    one_program,
-    op_collective,
-    simulate,
-    stage_cost,
-)
+from codesign.planner.cost import finish, layer_compute, one_program, op_collective, stage_cost
 from codesign.planner.device_profiles import DeviceProfile, ProfileBook, cluster_links
+from codesign.planner.timeline import simulate
+from codesign.planner.workload import Submesh, Workload
 from codesign.planner.formulas import Compute, Memory, StageCost, point_to_point
 from codesign.planner.plan import MESH_AXES, Plan, StagePlan, plan_name
 from codesign.planner.space import meshes, placements, shards_state
@@ -227,7 +220,7 @@ class Floor:
 def pipeline_bound(pricer: Pricer, terms: np.ndarray, depth: np.ndarray, threshold: float = np.inf) -> np.ndarray:
     """The least step time any pipeline of Auto search's space could take, per candidate: over
     its pipeline degrees, cuts of its layers into stages and placements (auto.placements), plan-wide
-    settings and schedules, cost.simulate of its stages' floors (which only adds and takes
+    settings and schedules, timeline.simulate of its stages' floors (which only adds and takes
     maxima, so lower times give a lower end), and no less than its slowest stage's floor. What it
     leaves out (remat, memory) only adds time. terms: [candidate, layer, TERMS] (_layer_terms,
     past a model's `depth` layers zeros). Only candidates whose slowest stage is under
@@ -241,7 +234,6 @@ def pipeline_bound(pricer: Pricer, terms: np.ndarray, depth: np.ndarray, thresho
 
 def _pipelines(pricer: Pricer, terms: np.ndarray, threshold: float) -> np.ndarray:
     layers, per_host = terms.shape[1], pricer.job.cluster.num_devices_per_host
-    micro = pricer.job.num_micro_batches
     ends = np.concatenate([np.zeros_like(terms[:, :1]), np.cumsum(terms, axis=1)], axis=1)
     floors: dict[tuple, dict[tuple[str, bool], list[Floor]]] = {}
 
@@ -298,7 +290,7 @@ def _least(floors: list[Floor]) -> Floor:
 
 def _simulated(pricer: Pricer, devices: list[tuple[int, ...]], setting: tuple[str, bool], stages: list[Floor],
                hops: list[np.ndarray]) -> np.ndarray:
-    """The least end of cost.simulate over the schedules, of stages at their floors."""
+    """The least end of timeline.simulate over the schedules, of stages at their floors."""
     axis, zero = setting
     plan_stages = tuple(StagePlan(((0,),), tuple(d), 1, 1) for d in devices)
     priced = [StageCost(s.forward, s.backward, s.after, {}, Memory()) for s in stages]
@@ -311,7 +303,7 @@ def _simulated(pricer: Pricer, devices: list[tuple[int, ...]], setting: tuple[st
 
 def _hop(pricer: Pricer, carry: np.ndarray, src: Sequence[int], dst: Sequence[int]) -> np.ndarray:
     """At least the seconds to send one micro-batch's carry from stage to stage (or a cotangent
-    back), as cost.transfer_time: the source's batch shards at most its devices."""
+    back), as timeline.transfer_time: the source's batch shards at most its devices."""
     w = pricer.workload(pricer.job.model, ())
     return point_to_point(carry / len(src), w.link(src, dst))
 

@@ -3,8 +3,11 @@ call, Adam and gradient accumulation as memory traffic. Pure Python; planner.cos
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterable
+
+import numpy as np
 
 from codesign.planner.device_profiles import DeviceProfile, Link, Points, interpolated
 
@@ -44,6 +47,8 @@ class StageCost:
     communication: dict[str, float]  # collective -> seconds per iteration, included in the above
     memory: Memory
     overheads: float = 0.0  # of forward and backward, the fixed costs per call (Compute.overheads)
+    memory_bound: Any = 0.0  # seconds per iteration of memory traffic and fixed costs per call,
+    # included in the above: the time a lower clock does not stretch (planner.power)
 
 
 @dataclass(frozen=True)
@@ -57,6 +62,10 @@ class Estimate:
     optimizer: float
     memory: Memory  # of the stage with the highest peak
     device_memory: int
+    energy: float = float("nan")  # joules per iteration, every device of the cluster (NaN: no power model)
+    busy: tuple = ()  # per stage, a power.Busy: what its devices do, to price it under power limits
+    devices: int = 0  # of the cluster, used by the plan or idle
+    power_limits: tuple = ()  # watts per stage's devices the iteration is priced under; (): none set
 
     @property
     def peak_bytes(self) -> int:
@@ -71,7 +80,8 @@ class Estimate:
         return {"seconds": self.seconds, "compute_per_stage": list(self.compute),
                 "communication": dict(self.communication), "bubble": self.bubble,
                 "optimizer": self.optimizer, "memory": self.memory.as_dict(),
-                "peak_bytes": self.peak_bytes, "fits": self.fits}
+                "peak_bytes": self.peak_bytes, "fits": self.fits, "energy": self.energy,
+                "power_limits": list(self.power_limits)}
 
 
 @dataclass(frozen=True)
@@ -86,12 +96,14 @@ class Compute:
     overheads: Any = 0.0  # the fixed costs per call of forward and backward
     all_reduce: Any = 0.0  # op's collectives: the outputs' all-reduce (batch on dp)
     all_gather: Any = 0.0  # or the weights' all-gather and reduce-scatter (batch on op)
+    traffic: Any = 0.0  # of forward and backward, the seconds of memory traffic
 
     def __add__(self, other: Compute) -> Compute:
         return Compute(*(a + b for a, b in zip(self.astuple(), other.astuple())))
 
     def astuple(self) -> tuple:
-        return (self.forward, self.backward, self.fixed, self.overheads, self.all_reduce, self.all_gather)
+        return (self.forward, self.backward, self.fixed, self.overheads, self.all_reduce, self.all_gather,
+                self.traffic)
 
     @property
     def communication(self) -> dict[str, Any]:
@@ -147,3 +159,8 @@ def adam_time(param_bytes: float, profile: DeviceProfile, share: float = 1.0) ->
 def accumulate_time(grad_bytes: float, profile: DeviceProfile, share: float, micro_batches: int) -> float:
     """Seconds per micro-batch adding its gradients into the accumulator (none for one micro-batch)."""
     return 0.0 if micro_batches == 1 else ACCUMULATE_TRAFFIC * grad_bytes / (profile.bandwidth * share)
+
+
+def most(values: Iterable) -> Any:
+    """max() of seconds or bytes, elementwise where they are arrays."""
+    return functools.reduce(np.maximum, values)

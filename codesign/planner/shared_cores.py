@@ -10,11 +10,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Sequence
 
+import numpy as np
+
 from codesign.planner.device_profiles import DeviceProfile
 
 if TYPE_CHECKING:  # cost imports this module; these are only its types
     from codesign.planner.cost import StageCost
     from codesign.planner.plan import Plan
+    from codesign.planner.power import Busy
 
 
 def fixed_share(p: DeviceProfile, busy: int, op: int) -> float:
@@ -88,3 +91,18 @@ def packed_bound(plan: Plan, stages: Sequence[StageCost], busy: int, host: float
     packed = sum(len(stage.device_ids) / busy * (plan.num_micro_batches * (c.forward + c.backward) + c.update)
                  for stage, c in zip(plan.stages, stages))
     return host + (1 + contention * (busy - 1)) * packed
+
+
+def host_energy(p: DeviceProfile, stages: Sequence[Busy], seconds):
+    """Joules of an iteration on shared cores: the host draws its idle watts throughout and its
+    busy watts (by what its devices do) while any stage works, its stages' seconds packed onto
+    the iteration's (they share the cores, so together they are busy at most all of it). The
+    power model is the host's, not a device's. None on devices of their own."""
+    if not p.shares_cores:
+        return None
+    power = p.power
+    busy = sum(s.seconds for s in stages)
+    extra = sum((power.compute - power.idle) * s.compute + (power.memory - power.idle) * s.memory
+                + (power.communication - power.idle) * s.communication for s in stages)
+    packed = np.minimum(1.0, seconds / np.maximum(busy, 1e-30))
+    return power.idle * seconds + extra * packed

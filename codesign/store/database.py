@@ -56,7 +56,7 @@ RETIRED_ERRORS = ("Auto search is not supported yet",)
 # What an outcome reports beside the metric columns, kept under its name in all_configs.
 CONFIG_METRICS = ("losses", "prediction", "auto_search", "auto_trials")
 # An attempt's prediction and what priced it: the columns a re-pricing replaces.
-PRICED_BY = ("predicted_time", "predicted_memory", "profile_id", "cost_model")
+PRICED_BY = ("predicted_time", "predicted_memory", "predicted_energy", "profile_id", "cost_model")
 # all_configs' list of the predictions re-pricing replaced, oldest first (each with its columns)
 EARLIER_PREDICTIONS = "earlier_predictions"
 SQLITE_HEADER = b"SQLite format 3\x00"

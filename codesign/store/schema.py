@@ -146,6 +146,13 @@ V7_PROVENANCE = [
 ]
 
 
+V8_ENERGY = [  # measured watts and what measured them; the cost model's joules per iteration
+    "ALTER TABLE attempts ADD COLUMN avg_power REAL",
+    "ALTER TABLE attempts ADD COLUMN energy_source TEXT",
+    "ALTER TABLE attempts ADD COLUMN predicted_energy REAL",
+]
+
+
 MIGRATIONS: list[Migration] = [
     _statements(V1_ATTEMPTS),
     _statements(V2_PRECISION_ENERGY),
@@ -154,5 +161,6 @@ MIGRATIONS: list[Migration] = [
     _statements(PROFILES),  # v5: device profiles for the cost model
     allow_simulated,  # v6: 'simulated' attempts, compiled_memory apart from predicted_memory
     _statements(V7_PROVENANCE),  # v7: profile copies by id; what priced, recorded and ran each attempt
+    _statements(V8_ENERGY),  # v8: measured average watts and energy source, predicted energy
 ]
 SCHEMA_VERSION = len(MIGRATIONS)

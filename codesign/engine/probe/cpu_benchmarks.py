@@ -23,7 +23,7 @@ from codesign.engine.probe.mixers import mixer_module
 from codesign.engine.probe.probe_steps import drawn, probe_params
 from codesign.engine.step import loss_fn
 from codesign.planner.calibration import PROBE_WIDTHS, probe_job
-from codesign.planner.cost import ADAM_TRAFFIC
+from codesign.planner.formulas import ADAM_TRAFFIC
 from codesign.planner.device_profiles import Link, Rate
 from codesign.zhen import counts
 
