@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import base64
 import datetime
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import jinja2
 import pandas as pd
@@ -20,39 +20,30 @@ from matplotlib.figure import Figure
 from codesign.csv_cells import safe_frame
 from codesign.errors import StoreError
 from codesign.outcome import SIMULATED
-from codesign.report import figures, fmt, tables
+from codesign.report import figures, fmt, page, tables
 from codesign.report.frame import GROUP, attempts_frame, plans
+from codesign.report.page import Column, Image, Section
 from codesign.store.database import Store
 
-Column = tuple[str, str, Callable[[Any], str]]  # header, frame column, formatter
 FIGURES = ("throughput", "speedup", "predicted", "energy", "compile_vs_step", "failures", "simulated",
            "auto_search", "codesign", "codesign_measured")  # PNG names; those of an earlier report in the same folder are removed first
 KINDS = {False: "measured", True: SIMULATED}  # the `simulated` flag, in words
-OPEN_GROUPS = 8  # ranked tables shown unfolded; the rest fold (<details>)
-
-
-def _ms(seconds: Any) -> str:
-    return fmt.scaled(seconds, 1e-3)
-
-
-def _mib(num_bytes: Any) -> str:
-    return fmt.scaled(num_bytes, 2.0 ** 20)
 
 
 PLAN_COLUMNS: list[Column] = [
     ("rank", "rank", fmt.integer), ("plan", "plan", fmt.text), ("global batch", "global_batch", fmt.integer),
     ("precision", "precision", fmt.text), ("status", "status", fmt.text), ("attempts", "attempts", fmt.integer),
-    ("samples/s", "throughput", fmt.number), ("step time (ms)", "avg", _ms), ("p90 (ms)", "p90", _ms),
-    ("memory (MiB)", "max_memory", _mib), ("compile (s)", "compile_time", fmt.number),
+    ("samples/s", "throughput", fmt.number), ("step time (ms)", "avg", page.ms), ("p90 (ms)", "p90", page.ms),
+    ("memory (MiB)", "max_memory", page.mib), ("compile (s)", "compile_time", fmt.number),
     ("J/sample", "energy_per_sample", fmt.number)]
 SIMULATED_COLUMNS: list[Column] = [
     ("rank", "rank", fmt.integer), ("plan", "plan", fmt.text), ("global batch", "global_batch", fmt.integer),
     ("status", "status", fmt.text), ("predicted samples/s", "predicted_throughput", fmt.number),
-    ("predicted step (ms)", "predicted_time", _ms), ("predicted memory (MiB)", "predicted_memory", _mib)]
+    ("predicted step (ms)", "predicted_time", page.ms), ("predicted memory (MiB)", "predicted_memory", page.mib)]
 BEST_COLUMNS: list[Column] = [
     ("model", "model", fmt.text), ("cluster", "cluster", fmt.text), ("best plan", "plan", fmt.text),
     ("global batch", "global_batch", fmt.integer), ("samples/s", "throughput", fmt.number),
-    ("step time (ms)", "avg", _ms), ("memory (MiB)", "max_memory", _mib),
+    ("step time (ms)", "avg", page.ms), ("memory (MiB)", "max_memory", page.mib),
     ("speedup over DP", "speedup", fmt.ratio), ("data-parallel plan", "dp_plan", fmt.text)]
 SPEEDUP_COLUMNS: list[Column] = [
     ("model", "model", fmt.text), ("cluster", "cluster", fmt.text), ("global batch", "global_batch", fmt.integer),
@@ -84,32 +75,6 @@ PLANS_CSV = ["kind", "model", "cluster", "rank", "plan", "status", "attempts", "
              "throughput", "avg", "median", "p90", "max_memory", "compile_time", "predicted_time",
              "predicted_memory", "predicted_throughput", "energy_per_iter", "energy_per_sample", "error",
              "job_key"]
-
-
-@dataclass
-class Table:
-    columns: list[str]
-    rows: list[list[tuple[str, str]]]  # cells: (CSS class, text)
-    caption: str = ""
-    fold: bool = False  # shown in a <details>, open or not
-    open: bool = True
-
-
-@dataclass
-class Image:
-    file: str
-    uri: str
-    alt: str
-
-
-@dataclass
-class Section:
-    anchor: str
-    title: str
-    note: str
-    empty: str = ""
-    images: list[Image] = field(default_factory=list)
-    tables: list[Table] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -163,7 +128,7 @@ class Report:
         if frame.empty:
             return Section("overview", "Overview", note, "The DB holds no attempt yet.")
         return Section("overview", "Overview", note,
-                       tables=[_table(counts, [("kind", "kind", fmt.text), ("status", "status", fmt.text),
+                       tables=[page.table(counts, [("kind", "kind", fmt.text), ("status", "status", fmt.text),
                                                ("attempts", "attempts", fmt.integer),
                                                ("jobs", "jobs", fmt.integer)])])
 
@@ -173,13 +138,13 @@ class Report:
                 "batch / mean step time after warm-up), and its speedup over the fastest manual data-parallel "
                 "plan (pp = 1, op = 1) of the same global batch and precision; - where there is none.")
         return Section("best", "Best plan per model and cluster", note, "" if len(best) else self.no_success(),
-                       tables=[_table(best, BEST_COLUMNS)] if len(best) else [])
+                       tables=[page.table(best, BEST_COLUMNS)] if len(best) else [])
 
     def ranking(self) -> Section:
         note = ("Every plan (a job: parallel spec, micro-batches, training setup) of each model and cluster, "
                 "ranked by throughput; plans that did not succeed follow, with their status. A plan with "
                 "several attempts (retries) shows its latest.")
-        shown = _group_tables(self.measured, PLAN_COLUMNS)
+        shown = page.group_tables(self.measured, PLAN_COLUMNS)
         empty = "" if shown else "No measured attempt in this DB."
         return Section("ranking", "Every plan, ranked", note, empty, tables=shown)
 
@@ -201,7 +166,7 @@ class Report:
         if speed.empty:
             return Section("speedup", title, note, self.no_success())
         with_dp = speed[speed["speedup"].notna()]
-        table = _table(speed, SPEEDUP_COLUMNS)
+        table = page.table(speed, SPEEDUP_COLUMNS)
         if with_dp.empty:
             return Section("speedup", title, note, "No group has a succeeded manual data-parallel plan "
                            "(pp = 1, op = 1) to compare with: add one to the config.", tables=[table])
@@ -224,7 +189,7 @@ class Report:
         return Section("predictions", title, note,
                        images=[self.image("predicted", figures.predictions(errors),
                                           "predicted against measured, with y = x")],
-                       tables=[_table(stats, [("quantity", "quantity", fmt.text),
+                       tables=[page.table(stats, [("quantity", "quantity", fmt.text),
                                               ("platform", "platform", fmt.text),
                                               ("attempts", "attempts", fmt.integer),
                                               ("median |error|", "median", fmt.percent),
@@ -238,7 +203,7 @@ class Report:
                            "No attempt recorded energy: it is read from NVML, on NVIDIA GPUs only.")
         return Section("energy", "Energy per sample", note,
                        images=[self.image("energy", figures.energy(table), "energy per sample by plan")],
-                       tables=[_table(table, [("model", "model", fmt.text), ("cluster", "cluster", fmt.text),
+                       tables=[page.table(table, [("model", "model", fmt.text), ("cluster", "cluster", fmt.text),
                                               ("plan", "plan", fmt.text),
                                               ("J/step", "energy_per_iter", fmt.number),
                                               ("J/sample", "energy_per_sample", fmt.number),
@@ -254,10 +219,10 @@ class Report:
         return Section("compile", "Compile time against step time", note,
                        images=[self.image("compile_vs_step", figures.compile_vs_step(points),
                                           "compile time against step time")],
-                       tables=[_table(stats, [("cluster", "cluster", fmt.text),
+                       tables=[page.table(stats, [("cluster", "cluster", fmt.text),
                                               ("attempts", "attempts", fmt.integer),
                                               ("median compile (s)", "compile_time", fmt.number),
-                                              ("median step (ms)", "step_time", _ms),
+                                              ("median step (ms)", "step_time", page.ms),
                                               ("steps per compile", "steps_per_compile", fmt.number)])])
 
     def failures_section(self) -> Section:
@@ -269,7 +234,7 @@ class Report:
         return Section("failures", "Failures", note,
                        images=[self.image("failures", figures.failures(tables.failure_counts(self.frame)),
                                           "failed attempts per cluster and status")],
-                       tables=[_table(table, [("status", "status", fmt.text), ("reason", "reason", fmt.text),
+                       tables=[page.table(table, [("status", "status", fmt.text), ("reason", "reason", fmt.text),
                                               ("attempts", "attempts", fmt.integer),
                                               ("jobs", "jobs", fmt.integer),
                                               ("clusters", "clusters", fmt.text)])])
@@ -282,7 +247,7 @@ class Report:
         if simulated.empty:
             return Section("simulated", title, note, "No simulated rows: a cluster with platform = \"sim\" "
                            "records the cost model's predictions without running.")
-        shown = _group_tables(simulated, SIMULATED_COLUMNS)
+        shown = page.group_tables(simulated, SIMULATED_COLUMNS)
         ranked = tables.ranked(simulated)
         images = [self.image("simulated", figures.throughput(ranked, "predicted throughput"),
                              "predicted throughput by plan for each simulated cluster")] if len(ranked) else []
@@ -298,7 +263,7 @@ class Report:
         return Section("auto", title, note,
                        images=[self.image("auto_search", figures.auto_vs_manual(table),
                                           "Auto search against the best manual plan")],
-                       tables=[_table(table, [("model", "model", fmt.text), ("cluster", "cluster", fmt.text),
+                       tables=[page.table(table, [("model", "model", fmt.text), ("cluster", "cluster", fmt.text),
                                               ("global batch", "global_batch", fmt.integer),
                                               ("Auto search plan", "plan_auto", fmt.text),
                                               ("Auto search samples/s", "score_auto", fmt.number),
@@ -323,14 +288,14 @@ class Report:
                            "`reason` column says why.")
         images = [self.image("codesign", figures.codesign_frontier(self.codesign),
                              "parameters against predicted samples/s, Pareto frontier in colour")]
-        shown = [_table(frontier, CODESIGN_COLUMNS)]
+        shown = [page.table(frontier, CODESIGN_COLUMNS)]
         agree = tables.codesign_agreement(self.codesign)
         if agree.empty:
             note += " No winner was measured (run with --run-top N)."
         else:
             images.append(self.image("codesign_measured", figures.codesign_measured(self.codesign),
                                      "predicted against measured samples/s of the winners run"))
-            shown.insert(0, _table(agree, AGREEMENT_COLUMNS))
+            shown.insert(0, page.table(agree, AGREEMENT_COLUMNS))
         return Section("codesign", title, note, images=images, tables=shown)
 
     def no_auto(self) -> str:
@@ -358,32 +323,6 @@ def _integers(frame: pd.DataFrame) -> pd.DataFrame:
     """Whole-number columns as integers in the CSVs (a NaN made them floats)."""
     present = [c for c in INTEGERS if c in frame.columns]
     return frame.astype({c: "Int64" for c in present})
-
-
-def _table(frame: pd.DataFrame, columns: list[Column]) -> Table:
-    return Table([header for header, _, _ in columns], _rows(frame, columns))
-
-
-def _group_tables(plans_: pd.DataFrame, columns: list[Column]) -> list[Table]:
-    """One folding table per (model, cluster), in the frame's order; the first OPEN_GROUPS unfolded."""
-    groups: dict[tuple[str, str], list[list[tuple[str, str]]]] = {}
-    for key, row in zip(zip(plans_["model"], plans_["cluster"]), _rows(plans_, columns)):
-        groups.setdefault(key, []).append(row)
-    return [Table([header for header, _, _ in columns], rows, f"{model} | {cluster}", fold=True, open=i < OPEN_GROUPS)
-            for i, ((model, cluster), rows) in enumerate(groups.items())]
-
-
-def _rows(frame: pd.DataFrame, columns: list[Column]) -> list[list[tuple[str, str]]]:
-    """Every cell formatted with its CSS class (numbers right-aligned, statuses coloured), the frame
-    converted once (not per group: thousands of plans)."""
-    records = frame[list(dict.fromkeys(c for _, c, _ in columns))].to_dict("records")
-    classes = ["text" if format_ is fmt.text else "num" for _, _, format_ in columns]
-    rows = []
-    for record in records:
-        cells = [format_(record[column]) for _, column, format_ in columns]
-        rows.append([(f"text status-{text}" if header == "status" else css, text)
-                     for (header, _, _), css, text in zip(columns, classes, cells)])
-    return rows
 
 
 def _environment() -> jinja2.Environment:
