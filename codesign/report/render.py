@@ -25,8 +25,9 @@ from codesign.report.frame import GROUP, attempts_frame, plans
 from codesign.report.page import Column, Image, Section
 from codesign.store.database import Store
 
-FIGURES = ("throughput", "speedup", "predicted", "energy", "compile_vs_step", "failures", "simulated",
-           "auto_search", "codesign", "codesign_measured")  # PNG names; those of an earlier report in the same folder are removed first
+# PNG names; those of an earlier report in the same folder are removed first
+FIGURES = ("throughput", "speedup", "predicted", "prediction_order", "energy_frontier", "energy", "compile_vs_step",
+           "failures", "simulated", "auto_search", "codesign", "codesign_energy", "codesign_measured")
 KINDS = {False: "measured", True: SIMULATED}  # the `simulated` flag, in words
 
 
@@ -51,6 +52,39 @@ SPEEDUP_COLUMNS: list[Column] = [
     ("data-parallel plan", "dp_plan", fmt.text), ("DP samples/s", "dp_score", fmt.number),
     ("speedup", "speedup", fmt.ratio)]
 
+ERROR_COLUMNS: list[Column] = [
+    ("quantity", "quantity", fmt.text), ("platform", "platform", fmt.text), ("attempts", "attempts", fmt.integer),
+    ("median |error|", "median", fmt.percent), ("p90 |error|", "p90", fmt.percent)]
+THIRD_COLUMNS: list[Column] = [
+    ("platform", "platform", fmt.text), ("part of the run", "part", fmt.text), ("attempts", "range", fmt.text),
+    ("median |error|", "median", fmt.percent), ("vs first third", "vs_first", fmt.ratio)]
+KIND_COLUMNS: list[Column] = [
+    ("platform", "platform", fmt.text), ("plan kind", "plan_kind", fmt.text), ("attempts", "attempts", fmt.integer),
+    ("median error", "median", fmt.percent), ("median |error|", "median_abs", fmt.percent)]
+CALIBRATION_COLUMNS: list[Column] = [
+    ("platform", "platform", fmt.text), ("calibration", "calibration", fmt.text),
+    ("first attempt", "first", fmt.integer), ("attempts", "attempts", fmt.integer),
+    ("median |error|", "median", fmt.percent)]
+RANK_COLUMNS: list[Column] = [
+    ("model", "model", fmt.text), ("cluster", "cluster", fmt.text), ("plans", "plans", fmt.integer),
+    ("Spearman", "spearman", fmt.number), ("predicted fastest / fastest, measured time", "chosen_vs_best", fmt.ratio)]
+MEMORY_COLUMNS: list[Column] = [
+    ("platform", "platform", fmt.text), ("attempts", "attempts", fmt.integer),
+    ("predicted below measured", "below", fmt.percent),
+    (f"below by > {tables.UNDER:.0%}", "far_below", fmt.percent), ("median over-prediction", "median", fmt.percent)]
+FRONTIER_COLUMNS: list[Column] = [
+    ("model", "model", fmt.text), ("cluster", "cluster", fmt.text), ("global batch", "global_batch", fmt.integer),
+    ("plan", "plan", fmt.text), ("status", "status", fmt.text), ("predicted time (ms)", "predicted_time", page.ms),
+    ("predicted J/iter", "predicted_energy", fmt.number), ("measured time (ms)", "median", page.ms),
+    ("measured J/iter", "energy_per_iter", fmt.number),
+    ("predicted samples/J", "predicted_samples_per_joule", fmt.number),
+    ("measured samples/J", "samples_per_joule", fmt.number)]
+ENERGY_COLUMNS: list[Column] = [
+    ("model", "model", fmt.text), ("cluster", "cluster", fmt.text), ("plan", "plan", fmt.text),
+    ("J/step", "energy_per_iter", fmt.number), ("J/sample", "energy_per_sample", fmt.number),
+    ("samples/s", "throughput", fmt.number), ("W/device", "avg_power", fmt.number),
+    ("source", "energy_source", fmt.text)]
+
 CODESIGN_COLUMNS: list[Column] = [
     ("cluster", "cluster", fmt.text), ("micro-batches", "micro_batches", fmt.integer), ("rank", "rank", fmt.integer),
     ("model", "model", fmt.text), ("parameters", "params", fmt.number),
@@ -62,6 +96,12 @@ AGREEMENT_COLUMNS: list[Column] = [
     ("Spearman", "spearman", fmt.number), ("predicted best, measured samples/s", "predicted_best_measured", fmt.number),
     ("measured best samples/s", "measured_best", fmt.number), ("predicted best / measured best", "best_ratio",
                                                                 fmt.percent)]
+ENERGY_COLUMN = "samples_per_joule"  # the ranking's predicted samples per joule, in CSVs that price energy
+CODESIGN_ENERGY_COLUMNS: list[Column] = [
+    ("cluster", "cluster", fmt.text), ("micro-batches", "micro_batches", fmt.integer), ("model", "model", fmt.text),
+    ("parameters", "params", fmt.number), ("plan", "plan", fmt.text),
+    ("predicted samples/s", "predicted_samples_per_s", fmt.number),
+    ("predicted samples/J", ENERGY_COLUMN, fmt.number)]
 CODESIGN_NEEDS = sorted({c for _, c, _ in CODESIGN_COLUMNS} | {"pareto", "predicted_samples_per_s"})
 
 SUMMARY_CSV = {"kind": "kind", "model": "model", "cluster": "cluster", "plan": "plan",
@@ -177,37 +217,68 @@ class Report:
         errors = tables.prediction_errors(self.frame)
         note = ("What was predicted before a job ran against what it measured: time per step against the "
                 "median step, peak memory per device against the measured peak. Error = (predicted - "
-                "measured) / measured; median and p90 of its absolute value.")
-        title = "Predicted against measured"
+                "measured) / measured (> 0: priced slower or bigger than measured). Whether the cost model "
+                "learns from the runs: the time error in the order the attempts ran, by plan kind (the axes "
+                "of degree > 1, and micro-batches) and by the calibration that priced it; per model and "
+                f"cluster with at least {tables.MIN_RANKED} measured plans, whether it ranks them in the "
+                "measured order; and how often the memory prediction, which must bound the peak from above "
+                "(an under-prediction is an OOM), fell below the measured peak.")
+        title = "Predictions"
         if errors.empty:
             return Section("predictions", title, note, "No succeeded attempt recorded a prediction "
                            "(predicted_time, predicted_memory): the cost model fills them.")
-        stats = tables.error_stats(errors)
         missing = [q for q in tables.PREDICTIONS if q not in set(errors["quantity"])]
         if missing:
             note += f" No succeeded attempt recorded a predicted {' or '.join(missing)}."
-        return Section("predictions", title, note,
-                       images=[self.image("predicted", figures.predictions(errors),
-                                          "predicted against measured, with y = x")],
-                       tables=[page.table(stats, [("quantity", "quantity", fmt.text),
-                                              ("platform", "platform", fmt.text),
-                                              ("attempts", "attempts", fmt.integer),
-                                              ("median |error|", "median", fmt.percent),
-                                              ("p90 |error|", "p90", fmt.percent)])])
+        images = [self.image("predicted", figures.predictions(errors), "predicted against measured, with y = x")]
+        shown = [page.table(tables.error_stats(errors), ERROR_COLUMNS)]
+        times = tables.run_order(errors)
+        if len(times):
+            images.append(self.image("prediction_order", figures.prediction_order(times),
+                                     "|time error| of each attempt in the order they ran"))
+            shown += self.learning_tables(times)
+        memory = tables.memory_bound(errors)
+        if len(memory):
+            shown.append(page.table(memory, MEMORY_COLUMNS, "Memory: is the prediction an upper bound?"))
+        return Section("predictions", title, note, images=images, tables=shown)
+
+    def learning_tables(self, times: pd.DataFrame) -> list[page.Table]:
+        """Time error by third of the run, by plan kind, by calibration (once one was learned) and
+        the rank correlation per group."""
+        shown = [page.table(tables.error_by_third(times), THIRD_COLUMNS, "Time error in the order the attempts ran"),
+                 page.table(tables.error_by_kind(times), KIND_COLUMNS, "Time error by plan kind")]
+        calibrations = tables.error_by_calibration(times)
+        if calibrations["calibration"].ne(tables.BASE_CALIBRATION).any():
+            shown.append(page.table(calibrations, CALIBRATION_COLUMNS, "Time error by calibration"))
+        agree = tables.rank_agreement(times)
+        if len(agree):
+            shown.append(page.table(agree, RANK_COLUMNS, "Predicted against measured order of the plans"))
+        return shown
 
     def energy_section(self) -> Section:
-        table = tables.energy(self.plans)
-        note = "Joules the job's GPUs used per measured step, divided by the global batch (Zeus's figure)."
-        if table.empty:
-            return Section("energy", "Energy per sample", note,
-                           "No attempt recorded energy: it is read from NVML, on NVIDIA GPUs only.")
-        return Section("energy", "Energy per sample", note,
-                       images=[self.image("energy", figures.energy(table), "energy per sample by plan")],
-                       tables=[page.table(table, [("model", "model", fmt.text), ("cluster", "cluster", fmt.text),
-                                              ("plan", "plan", fmt.text),
-                                              ("J/step", "energy_per_iter", fmt.number),
-                                              ("J/sample", "energy_per_sample", fmt.number),
-                                              ("samples/s", "throughput", fmt.number)])])
+        points = tables.energy_points(self.plans)
+        measured = tables.energy(self.plans)
+        note = ("Time and energy per iteration of every plan as predicted (the cost model prices every device "
+                "of the cluster, busy and idle), the predicted frontier (the plans no other is predicted to "
+                "beat on both time and energy) and the measured points, each joined to its prediction; then "
+                "the joules the job's devices used per measured step, divided by the global batch.")
+        title = "Energy"
+        if points.empty:
+            return Section("energy", title, note, "No attempt recorded a predicted or measured energy: the cost "
+                           "model predicts it, and measuring it needs an NVIDIA or AMD GPU, or a CPU with "
+                           "RAPL, and the `energy` extra (pip install 'codesign[energy]').")
+        images, shown = [], []
+        frontier = tables.energy_frontier(points)
+        if len(frontier):
+            images.append(self.image("energy_frontier", figures.energy_frontier(points),
+                                     "predicted time against energy per iteration, frontier and measured points"))
+            shown.append(page.table(frontier, FRONTIER_COLUMNS, "The predicted time-energy frontier"))
+        else:
+            note += " No plan recorded a predicted energy, so there is no predicted frontier."
+        if len(measured):
+            images.append(self.image("energy", figures.energy(measured), "energy per sample by plan"))
+            shown.append(page.table(measured, ENERGY_COLUMNS, "Measured energy, cheapest sample first"))
+        return Section("energy", title, note, images=images, tables=shown)
 
     def compile_section(self) -> Section:
         points, stats = tables.compile_vs_step(self.frame)
@@ -296,6 +367,13 @@ class Report:
             images.append(self.image("codesign_measured", figures.codesign_measured(self.codesign),
                                      "predicted against measured samples/s of the winners run"))
             shown.insert(0, page.table(agree, AGREEMENT_COLUMNS))
+        energy = tables.codesign_energy_frontier(self.codesign) if ENERGY_COLUMN in self.codesign else None
+        if energy is not None and len(energy):
+            note += (" Per cluster, the time-energy frontier: the candidates no other is predicted to beat on "
+                     "both samples/s and samples per joule.")
+            images.append(self.image("codesign_energy", figures.codesign_energy(self.codesign, energy),
+                                     "predicted samples per joule against samples/s, time-energy frontier in colour"))
+            shown.append(page.table(energy, CODESIGN_ENERGY_COLUMNS, "Time-energy frontier per cluster"))
         return Section("codesign", title, note, images=images, tables=shown)
 
     def no_auto(self) -> str:
