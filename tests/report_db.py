@@ -7,6 +7,7 @@ columns (issue 12 records it). The merger switches them to the real API.
 
 from __future__ import annotations
 
+import sqlite3
 from pathlib import Path
 
 from codesign.outcome import SIMULATED, Outcome
@@ -108,3 +109,70 @@ def build(path: Path) -> None:
     record_simulated(store, job(MODEL_A, SIM8, "data parallel", (1, 8, 1)), 0.001, 40 * MIB)
     record_simulated(store, job(MODEL_A, SIM8, "pipeline", (2, 4, 1), 2, num_auto_layers=2), 0.0008, 30 * MIB)
     store.close()
+
+
+# -- a sweep that learns, with energy -----------------------------------------------------------
+# Columns schema v8 adds (issue 48); the tests write them with SQL so that they run on a DB of any version.
+ENERGY_COLUMNS = {"predicted_energy": "REAL", "avg_power": "REAL", "energy_source": "TEXT"}
+# In run order: model, cluster, description, (pp, dp, op), micro-batches, predicted and measured seconds,
+# predicted and measured MiB, the calibration version that priced it (None: before learning).
+LEARNING = [
+    (MODEL_A, C4, "dp", (1, 4, 1), 1, 0.0060, 0.0040, 3.0, 3.2, None),
+    (MODEL_A, C4, "op", (1, 1, 4), 1, 0.0030, 0.0050, 4.0, 3.0, None),
+    (MODEL_A, C4, "dp x op", (1, 2, 2), 1, 0.0052, 0.0040, 3.5, 3.4, None),
+    (MODEL_B, C4, "dp", (1, 4, 1), 2, 0.0090, 0.0060, 2.0, 2.5, None),
+    (MODEL_A, C4, "pp x dp", (2, 2, 1), 2, 0.0050, 0.0040, 3.3, 3.3, 1),
+    (MODEL_B, C4, "op", (1, 1, 4), 1, 0.0055, 0.0050, 2.6, 2.5, 1),
+    (MODEL_A, C2, "dp", (1, 2, 1), 1, 0.0044, 0.0040, 3.1, 3.0, 1),
+    (MODEL_B, C4, "dp x op", (1, 2, 2), 1, 0.0047, 0.0050, 2.4, 2.5, 2),
+    (MODEL_A, C4, "dp accumulating", (1, 4, 1), 2, 0.0042, 0.0040, 3.6, 3.0, 2),
+    (MODEL_A, C2, "op", (1, 1, 2), 1, 0.0031, 0.0030, 3.2, 3.0, 2),
+]
+# Per description of MODEL_A on C4: predicted joules per iteration, and measured ones where measured.
+PREDICTED_ENERGY = {"dp": 2.0, "op": 3.5, "dp x op": 1.6, "pp x dp": 1.9, "dp accumulating": 2.1}
+MEASURED_ENERGY = {"dp": 2.2, "dp x op": 1.5}
+SIMULATED_ENERGY = [("data parallel", (1, 8, 1), 1, 0.0010, 40.0), ("pipeline", (2, 4, 1), 2, 0.0012, 30.0),
+                    ("slow", (1, 4, 2), 1, 0.0015, 45.0)]  # description, degrees, micro, seconds, joules
+
+
+def build_learning(path: Path) -> None:
+    """LEARNING's measured attempts (errors that fall as calibrations are learned), one oom attempt
+    with a prediction, energy predicted and measured on MODEL_A on C4, and simulated plans on SIM8."""
+    store = Store(path)
+    ids = {}
+    for model, cluster, description, degrees, micro, predicted, median, predicted_mib, peak_mib, version \
+            in LEARNING:
+        job_ = job(model, cluster, description, degrees, micro)
+        metrics = measured(median, job_, median=median, max_memory=int(peak_mib * MIB), predicted_time=predicted,
+                           predicted_memory=int(predicted_mib * MIB),
+                           prediction={"calibration": version} if version is not None else {"profile": "builtin"})
+        if model is MODEL_A and cluster is C4:
+            metrics["energy_per_iter"] = MEASURED_ENERGY.get(description)
+        ids[(model.summary(), cluster.summary(), description)] = record(store, job_, Outcome("succeeded",
+                                                                                          metrics=metrics))
+    oom = job(MODEL_A, C4, "too big", (1, 1, 4), 4)
+    ids["oom"] = record(store, oom, Outcome("oom", error="RESOURCE_EXHAUSTED", metrics={"predicted_time": 0.001}))
+    for description, degrees, micro, seconds, joules in SIMULATED_ENERGY:
+        ids[("sim", description)] = record_simulated(store, job(MODEL_A, SIM8, description, degrees, micro),
+                                                     seconds, 40 * MIB)
+    store.close()
+    energy = {ids[(MODEL_A.summary(), C4.summary(), d)]: (joules, MEASURED_ENERGY.get(d))
+              for d, joules in PREDICTED_ENERGY.items()}
+    energy.update({ids[("sim", d)]: (joules, None) for d, _, _, _, joules in SIMULATED_ENERGY})
+    energy[ids["oom"]] = (0.5, None)
+    write_energy(path, energy)
+
+
+def write_energy(path: Path, energy: dict[int, tuple[float, float | None]]) -> None:
+    """attempt id -> (predicted joules, measured joules or None): predicted_energy, and for a measured
+    one avg_power and energy_source as a GPU would record them (adding schema v8's columns if missing)."""
+    conn = sqlite3.connect(path)
+    with conn:
+        have = {row[1] for row in conn.execute("PRAGMA table_info(attempts)")}
+        for column, kind in ENERGY_COLUMNS.items():
+            if column not in have:
+                conn.execute(f"ALTER TABLE attempts ADD COLUMN {column} {kind}")
+        for attempt, (predicted, measured_) in energy.items():
+            conn.execute("UPDATE attempts SET predicted_energy = ?, avg_power = ?, energy_source = ? WHERE id = ?",
+                         (predicted, 100.0 if measured_ else None, "zeus:nvml" if measured_ else None, attempt))
+    conn.close()

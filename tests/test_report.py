@@ -20,8 +20,8 @@ from codesign.store.database import Store
 from tests.conftest import REPO
 from tests.report_db import HOSTILE, build
 
-FIGURES = {"throughput", "speedup", "predicted", "energy", "compile_vs_step", "failures", "simulated",
-           "auto_search"}
+FIGURES = {"throughput", "speedup", "predicted", "prediction_order", "energy", "compile_vs_step", "failures",
+           "simulated", "auto_search"}
 SECTIONS = ["overview", "best", "ranking", "throughput", "speedup", "predictions", "energy", "compile",
             "failures", "simulated", "auto", "codesign"]
 
@@ -277,7 +277,7 @@ def test_an_empty_db_reports_why_each_section_is_empty(tmp_path):
     page = Page((tmp_path / "out" / "report.html").read_text())
     assert list(page.sections) == SECTIONS
     assert all(page.sections[s]["empty"] for s in SECTIONS)
-    assert "NVML" in page.sections["energy"]["empty"]
+    assert "RAPL" in page.sections["energy"]["empty"] and "codesign[energy]" in page.sections["energy"]["empty"]
     assert "platform = \"sim\"" in page.sections["simulated"]["empty"]
     assert [p.name for p in (tmp_path / "out").glob("*.png")] == ["mine.png"]
     assert pd.read_csv(tmp_path / "out" / "summary.csv").empty

@@ -98,6 +98,62 @@ def predictions(errors: pd.DataFrame) -> Figure:
     return figure
 
 
+def prediction_order(times: pd.DataFrame) -> Figure:
+    """|time error| of each measured attempt in the order they ran, a colour per platform: the median
+    of each third as a bar across it, a dashed line where a new calibration first priced an attempt."""
+    cycle = matplotlib.colormaps["tab10"].colors
+    with matplotlib.rc_context(STYLE):
+        figure = Figure(figsize=(WIDTH, 4.2), layout="constrained")
+        ax = figure.subplots()
+        for color, (platform, rows) in zip(cycle, times.groupby("platform", sort=True)):
+            ax.scatter(rows["order"] + 1, 100 * rows["abs_error"], s=12, alpha=0.6, color=color,
+                       label=f"{plain(str(platform))}: {len(rows)} attempts")
+            for _, part in rows.groupby("third"):
+                ax.hlines(100 * part["abs_error"].median(), part["order"].min() + 0.5, part["order"].max() + 1.5,
+                          color=color, lw=2.5)
+            changes = rows[rows["calibration"].ne(rows["calibration"].shift())].iloc[1:]
+            for order, version in zip(changes["order"], changes["calibration"]):
+                ax.axvline(order + 0.5, color=color, ls="--", lw=0.8)
+                ax.annotate(f"calibration {plain(version)}", (order + 0.6, 0.98), xycoords=("data", "axes fraction"),
+                            rotation=90, va="top", fontsize=7)
+        ax.set(xlabel="attempt, in the order they ran", ylabel="|time error| (%)", ylim=(0, None))
+        ax.set_title("|predicted - measured| / measured time per step; bars: the median of each third", loc="left")
+        ax.legend(loc="upper right", fontsize=7)
+    return figure
+
+
+def energy_frontier(points: pd.DataFrame) -> Figure:
+    """Per (model, cluster, setup): every plan's predicted time and energy per iteration (grey), the
+    predicted frontier as a line, and the measured points, each joined to its own prediction."""
+    groups = list(points.groupby(["model", "cluster", "global_batch", "precision"], dropna=False, sort=False))
+    shown = groups[:MAX_PANELS]
+    with matplotlib.rc_context(STYLE):
+        figure = Figure(figsize=(WIDTH, 3.4 * len(shown)), layout="constrained")
+        for ax, ((model, cluster, batch, _), group) in zip(figure.subplots(len(shown), 1, squeeze=False)[:, 0], shown):
+            priced = group[group["predicted_time"].notna() & group["predicted_energy"].notna()]
+            on = priced[priced["frontier"]].sort_values("predicted_time")
+            ran = group[group["median"].notna() & group["energy_per_iter"].notna()]
+            ax.scatter(priced["predicted_time"] * 1e3, priced["predicted_energy"], s=12, color="#b8c0cc",
+                       label="predicted")
+            ax.plot(on["predicted_time"] * 1e3, on["predicted_energy"], color="#d62728", marker="o", ms=4, lw=1,
+                    label="predicted frontier")
+            joined = ran[ran["predicted_time"].notna() & ran["predicted_energy"].notna()]
+            for row in joined.itertuples():
+                ax.plot([row.predicted_time * 1e3, row.median * 1e3], [row.predicted_energy, row.energy_per_iter],
+                        color="#5a6578", lw=0.7)
+            ax.scatter(ran["median"] * 1e3, ran["energy_per_iter"], marker="x", s=28, color="black", label="measured")
+            times = pd.concat([priced["predicted_time"], ran["median"]]) * 1e3
+            energies = pd.concat([priced["predicted_energy"], ran["energy_per_iter"]])
+            ax.set(xscale=_scale(*_span(times)), yscale=_scale(*_span(energies)),
+                   xlabel="time per iteration (ms)", ylabel="energy per iteration (J)")
+            ax.set_title(f"{plain(model)} | {plain(cluster)}, batch {batch:.0f}: {len(priced)} plans predicted, "
+                         f"{len(on)} on the frontier, {len(ran)} measured", loc="left")
+            ax.legend(loc="best", fontsize=7)
+        if len(groups) > len(shown):
+            figure.suptitle(f"first {len(shown)} of {len(groups)} groups", x=0.01, ha="left")
+    return figure
+
+
 def energy(table: pd.DataFrame) -> Figure:
     """Joules per sample, cheapest plans first."""
     shown = table.head(MAX_ROWS)
@@ -244,4 +300,22 @@ def codesign_measured(ranking: pd.DataFrame) -> Figure:
         ax.plot([low, high], [low, high], color="black", lw=1, label="y = x")
         ax.set(xlabel="measured samples/s", ylabel="predicted samples/s", xlim=(low, high), ylim=(low, high))
         ax.legend(loc="upper left", fontsize=7)
+    return figure
+
+
+def codesign_energy(ranking: pd.DataFrame, frontier: pd.DataFrame) -> Figure:
+    """Per cluster: every candidate's predicted samples per joule against samples/s (grey), and the
+    candidates no other beats on both as a line."""
+    clusters = list(dict.fromkeys(frontier["cluster"]))[:MAX_PANELS]
+    with matplotlib.rc_context(STYLE):
+        figure = Figure(figsize=(WIDTH, 3.2 * len(clusters)), layout="constrained")
+        for ax, cluster in zip(figure.subplots(len(clusters), 1, squeeze=False)[:, 0], clusters):
+            rows = ranking[ranking["cluster"].eq(cluster)]
+            on = frontier[frontier["cluster"].eq(cluster)]
+            ax.scatter(rows["samples_per_joule"], rows["predicted_samples_per_s"], s=2, color="#b8c0cc",
+                       rasterized=True)
+            ax.plot(on["samples_per_joule"], on["predicted_samples_per_s"], color="#d62728", marker="o", ms=4, lw=1)
+            ax.set(xlabel="predicted samples per joule", ylabel="predicted samples/s")
+            ax.set_title(f"{plain(cluster)}: {int(rows['samples_per_joule'].notna().sum()):,} candidates priced, "
+                         f"{len(on)} on the time-energy frontier", loc="left")
     return figure

@@ -36,10 +36,11 @@ COLUMNS = (
     "input_batch_size", "description", "num_micro_batches", "num_auto_layers", "pp_dp_op",
     "physical_mesh_shapes", "host_ids", "device_ids", "remat_layer", "avg", "median", "p90",
     "max_memory", "error", "all_configs", "throughput", "compile_time", "predicted_time",
-    "predicted_memory", "platform", "device_kind", "precision", "energy_per_iter")
+    "predicted_memory", "platform", "device_kind", "precision", "energy_per_iter", "predicted_energy",
+    "avg_power", "energy_source")  # a column an older DB lacks reads as absent (NaN)
 NUMERIC = ("avg", "median", "p90", "max_memory", "throughput", "compile_time", "predicted_time",
-           "predicted_memory", "energy_per_iter", "input_batch_size", "num_micro_batches", "remat_layer",
-           "num_auto_layers")
+           "predicted_memory", "energy_per_iter", "predicted_energy", "avg_power", "input_batch_size",
+           "num_micro_batches", "remat_layer", "num_auto_layers")
 
 
 def attempts_frame(rows: Iterable[dict[str, Any]]) -> pd.DataFrame:
@@ -58,6 +59,7 @@ def attempts_frame(rows: Iterable[dict[str, Any]]) -> pd.DataFrame:
     for i, name in enumerate(("pp", "dp", "op")):
         frame[name] = pd.to_numeric(degrees.str[i], errors="coerce")
     frame["plan"] = frame["job_key"].map(_plan_labels(frame))
+    frame["plan_kind"] = _labels(frame, ["pp", "dp", "op", "num_micro_batches"], plan_kind)
     frame["energy_per_sample"] = frame["energy_per_iter"] / frame["global_batch"]
     frame["reason"] = _labels(frame, ["error"], reason)
     return frame
@@ -131,6 +133,15 @@ def plan_label(row: dict[str, Any]) -> str:
     if isinstance(row.get("host_ids"), str) or isinstance(row.get("device_ids"), str):
         parts.append("placed")
     return " | ".join(parts)
+
+
+def plan_kind(pp: float, dp: float, op: float, micro_batches: float) -> str:
+    """The parallel axes a plan uses (degree > 1) and whether it splits the batch into micro-batches:
+    the cost model errs on one side per kind, e.g. "dp x op" or "pp x dp, micro-batches"."""
+    if any(np.isnan(degree) for degree in (pp, dp, op)):
+        return "other"  # a chosen plan whose stages have their own dp and op, or no recorded degrees
+    axes = " x ".join(name for name, degree in (("pp", pp), ("dp", dp), ("op", op)) if degree > 1)
+    return (axes or "one device") + (", micro-batches" if micro_batches > 1 else "")
 
 
 def _plan_labels(frame: pd.DataFrame) -> dict[str, str]:

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import base64
 import datetime
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import jinja2
 import pandas as pd
@@ -20,45 +20,70 @@ from matplotlib.figure import Figure
 from codesign.csv_cells import safe_frame
 from codesign.errors import StoreError
 from codesign.outcome import SIMULATED
-from codesign.report import figures, fmt, tables
+from codesign.report import figures, fmt, page, tables
 from codesign.report.frame import GROUP, attempts_frame, plans
+from codesign.report.page import Column, Image, Section
 from codesign.store.database import Store
 
-Column = tuple[str, str, Callable[[Any], str]]  # header, frame column, formatter
-FIGURES = ("throughput", "speedup", "predicted", "energy", "compile_vs_step", "failures", "simulated",
-           "auto_search", "codesign", "codesign_measured")  # PNG names; those of an earlier report in the same folder are removed first
+# PNG names; those of an earlier report in the same folder are removed first
+FIGURES = ("throughput", "speedup", "predicted", "prediction_order", "energy_frontier", "energy", "compile_vs_step",
+           "failures", "simulated", "auto_search", "codesign", "codesign_energy", "codesign_measured")
 KINDS = {False: "measured", True: SIMULATED}  # the `simulated` flag, in words
-OPEN_GROUPS = 8  # ranked tables shown unfolded; the rest fold (<details>)
-
-
-def _ms(seconds: Any) -> str:
-    return fmt.scaled(seconds, 1e-3)
-
-
-def _mib(num_bytes: Any) -> str:
-    return fmt.scaled(num_bytes, 2.0 ** 20)
 
 
 PLAN_COLUMNS: list[Column] = [
     ("rank", "rank", fmt.integer), ("plan", "plan", fmt.text), ("global batch", "global_batch", fmt.integer),
     ("precision", "precision", fmt.text), ("status", "status", fmt.text), ("attempts", "attempts", fmt.integer),
-    ("samples/s", "throughput", fmt.number), ("step time (ms)", "avg", _ms), ("p90 (ms)", "p90", _ms),
-    ("memory (MiB)", "max_memory", _mib), ("compile (s)", "compile_time", fmt.number),
+    ("samples/s", "throughput", fmt.number), ("step time (ms)", "avg", page.ms), ("p90 (ms)", "p90", page.ms),
+    ("memory (MiB)", "max_memory", page.mib), ("compile (s)", "compile_time", fmt.number),
     ("J/sample", "energy_per_sample", fmt.number)]
 SIMULATED_COLUMNS: list[Column] = [
     ("rank", "rank", fmt.integer), ("plan", "plan", fmt.text), ("global batch", "global_batch", fmt.integer),
     ("status", "status", fmt.text), ("predicted samples/s", "predicted_throughput", fmt.number),
-    ("predicted step (ms)", "predicted_time", _ms), ("predicted memory (MiB)", "predicted_memory", _mib)]
+    ("predicted step (ms)", "predicted_time", page.ms), ("predicted memory (MiB)", "predicted_memory", page.mib)]
 BEST_COLUMNS: list[Column] = [
     ("model", "model", fmt.text), ("cluster", "cluster", fmt.text), ("best plan", "plan", fmt.text),
     ("global batch", "global_batch", fmt.integer), ("samples/s", "throughput", fmt.number),
-    ("step time (ms)", "avg", _ms), ("memory (MiB)", "max_memory", _mib),
+    ("step time (ms)", "avg", page.ms), ("memory (MiB)", "max_memory", page.mib),
     ("speedup over DP", "speedup", fmt.ratio), ("data-parallel plan", "dp_plan", fmt.text)]
 SPEEDUP_COLUMNS: list[Column] = [
     ("model", "model", fmt.text), ("cluster", "cluster", fmt.text), ("global batch", "global_batch", fmt.integer),
     ("precision", "precision", fmt.text), ("best plan", "plan", fmt.text), ("samples/s", "score", fmt.number),
     ("data-parallel plan", "dp_plan", fmt.text), ("DP samples/s", "dp_score", fmt.number),
     ("speedup", "speedup", fmt.ratio)]
+
+ERROR_COLUMNS: list[Column] = [
+    ("quantity", "quantity", fmt.text), ("platform", "platform", fmt.text), ("attempts", "attempts", fmt.integer),
+    ("median |error|", "median", fmt.percent), ("p90 |error|", "p90", fmt.percent)]
+THIRD_COLUMNS: list[Column] = [
+    ("platform", "platform", fmt.text), ("part of the run", "part", fmt.text), ("attempts", "range", fmt.text),
+    ("median |error|", "median", fmt.percent), ("vs first third", "vs_first", fmt.ratio)]
+KIND_COLUMNS: list[Column] = [
+    ("platform", "platform", fmt.text), ("plan kind", "plan_kind", fmt.text), ("attempts", "attempts", fmt.integer),
+    ("median error", "median", fmt.percent), ("median |error|", "median_abs", fmt.percent)]
+CALIBRATION_COLUMNS: list[Column] = [
+    ("platform", "platform", fmt.text), ("calibration", "calibration", fmt.text),
+    ("first attempt", "first", fmt.integer), ("attempts", "attempts", fmt.integer),
+    ("median |error|", "median", fmt.percent)]
+RANK_COLUMNS: list[Column] = [
+    ("model", "model", fmt.text), ("cluster", "cluster", fmt.text), ("plans", "plans", fmt.integer),
+    ("Spearman", "spearman", fmt.number), ("predicted fastest / fastest, measured time", "chosen_vs_best", fmt.ratio)]
+MEMORY_COLUMNS: list[Column] = [
+    ("platform", "platform", fmt.text), ("attempts", "attempts", fmt.integer),
+    ("predicted below measured", "below", fmt.percent),
+    (f"below by > {tables.UNDER:.0%}", "far_below", fmt.percent), ("median over-prediction", "median", fmt.percent)]
+FRONTIER_COLUMNS: list[Column] = [
+    ("model", "model", fmt.text), ("cluster", "cluster", fmt.text), ("global batch", "global_batch", fmt.integer),
+    ("plan", "plan", fmt.text), ("status", "status", fmt.text), ("predicted time (ms)", "predicted_time", page.ms),
+    ("predicted J/iter", "predicted_energy", fmt.number), ("measured time (ms)", "median", page.ms),
+    ("measured J/iter", "energy_per_iter", fmt.number),
+    ("predicted samples/J", "predicted_samples_per_joule", fmt.number),
+    ("measured samples/J", "samples_per_joule", fmt.number)]
+ENERGY_COLUMNS: list[Column] = [
+    ("model", "model", fmt.text), ("cluster", "cluster", fmt.text), ("plan", "plan", fmt.text),
+    ("J/step", "energy_per_iter", fmt.number), ("J/sample", "energy_per_sample", fmt.number),
+    ("samples/s", "throughput", fmt.number), ("W/device", "avg_power", fmt.number),
+    ("source", "energy_source", fmt.text)]
 
 CODESIGN_COLUMNS: list[Column] = [
     ("cluster", "cluster", fmt.text), ("micro-batches", "micro_batches", fmt.integer), ("rank", "rank", fmt.integer),
@@ -71,6 +96,12 @@ AGREEMENT_COLUMNS: list[Column] = [
     ("Spearman", "spearman", fmt.number), ("predicted best, measured samples/s", "predicted_best_measured", fmt.number),
     ("measured best samples/s", "measured_best", fmt.number), ("predicted best / measured best", "best_ratio",
                                                                 fmt.percent)]
+ENERGY_COLUMN = "samples_per_joule"  # the ranking's predicted samples per joule, in CSVs that price energy
+CODESIGN_ENERGY_COLUMNS: list[Column] = [
+    ("cluster", "cluster", fmt.text), ("micro-batches", "micro_batches", fmt.integer), ("model", "model", fmt.text),
+    ("parameters", "params", fmt.number), ("plan", "plan", fmt.text),
+    ("predicted samples/s", "predicted_samples_per_s", fmt.number),
+    ("predicted samples/J", ENERGY_COLUMN, fmt.number)]
 CODESIGN_NEEDS = sorted({c for _, c, _ in CODESIGN_COLUMNS} | {"pareto", "predicted_samples_per_s"})
 
 SUMMARY_CSV = {"kind": "kind", "model": "model", "cluster": "cluster", "plan": "plan",
@@ -84,32 +115,6 @@ PLANS_CSV = ["kind", "model", "cluster", "rank", "plan", "status", "attempts", "
              "throughput", "avg", "median", "p90", "max_memory", "compile_time", "predicted_time",
              "predicted_memory", "predicted_throughput", "energy_per_iter", "energy_per_sample", "error",
              "job_key"]
-
-
-@dataclass
-class Table:
-    columns: list[str]
-    rows: list[list[tuple[str, str]]]  # cells: (CSS class, text)
-    caption: str = ""
-    fold: bool = False  # shown in a <details>, open or not
-    open: bool = True
-
-
-@dataclass
-class Image:
-    file: str
-    uri: str
-    alt: str
-
-
-@dataclass
-class Section:
-    anchor: str
-    title: str
-    note: str
-    empty: str = ""
-    images: list[Image] = field(default_factory=list)
-    tables: list[Table] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -163,7 +168,7 @@ class Report:
         if frame.empty:
             return Section("overview", "Overview", note, "The DB holds no attempt yet.")
         return Section("overview", "Overview", note,
-                       tables=[_table(counts, [("kind", "kind", fmt.text), ("status", "status", fmt.text),
+                       tables=[page.table(counts, [("kind", "kind", fmt.text), ("status", "status", fmt.text),
                                                ("attempts", "attempts", fmt.integer),
                                                ("jobs", "jobs", fmt.integer)])])
 
@@ -173,13 +178,13 @@ class Report:
                 "batch / mean step time after warm-up), and its speedup over the fastest manual data-parallel "
                 "plan (pp = 1, op = 1) of the same global batch and precision; - where there is none.")
         return Section("best", "Best plan per model and cluster", note, "" if len(best) else self.no_success(),
-                       tables=[_table(best, BEST_COLUMNS)] if len(best) else [])
+                       tables=[page.table(best, BEST_COLUMNS)] if len(best) else [])
 
     def ranking(self) -> Section:
         note = ("Every plan (a job: parallel spec, micro-batches, training setup) of each model and cluster, "
                 "ranked by throughput; plans that did not succeed follow, with their status. A plan with "
                 "several attempts (retries) shows its latest.")
-        shown = _group_tables(self.measured, PLAN_COLUMNS)
+        shown = page.group_tables(self.measured, PLAN_COLUMNS)
         empty = "" if shown else "No measured attempt in this DB."
         return Section("ranking", "Every plan, ranked", note, empty, tables=shown)
 
@@ -201,7 +206,7 @@ class Report:
         if speed.empty:
             return Section("speedup", title, note, self.no_success())
         with_dp = speed[speed["speedup"].notna()]
-        table = _table(speed, SPEEDUP_COLUMNS)
+        table = page.table(speed, SPEEDUP_COLUMNS)
         if with_dp.empty:
             return Section("speedup", title, note, "No group has a succeeded manual data-parallel plan "
                            "(pp = 1, op = 1) to compare with: add one to the config.", tables=[table])
@@ -212,37 +217,68 @@ class Report:
         errors = tables.prediction_errors(self.frame)
         note = ("What was predicted before a job ran against what it measured: time per step against the "
                 "median step, peak memory per device against the measured peak. Error = (predicted - "
-                "measured) / measured; median and p90 of its absolute value.")
-        title = "Predicted against measured"
+                "measured) / measured (> 0: priced slower or bigger than measured). Whether the cost model "
+                "learns from the runs: the time error in the order the attempts ran, by plan kind (the axes "
+                "of degree > 1, and micro-batches) and by the calibration that priced it; per model and "
+                f"cluster with at least {tables.MIN_RANKED} measured plans, whether it ranks them in the "
+                "measured order; and how often the memory prediction, which must bound the peak from above "
+                "(an under-prediction is an OOM), fell below the measured peak.")
+        title = "Predictions"
         if errors.empty:
             return Section("predictions", title, note, "No succeeded attempt recorded a prediction "
                            "(predicted_time, predicted_memory): the cost model fills them.")
-        stats = tables.error_stats(errors)
         missing = [q for q in tables.PREDICTIONS if q not in set(errors["quantity"])]
         if missing:
             note += f" No succeeded attempt recorded a predicted {' or '.join(missing)}."
-        return Section("predictions", title, note,
-                       images=[self.image("predicted", figures.predictions(errors),
-                                          "predicted against measured, with y = x")],
-                       tables=[_table(stats, [("quantity", "quantity", fmt.text),
-                                              ("platform", "platform", fmt.text),
-                                              ("attempts", "attempts", fmt.integer),
-                                              ("median |error|", "median", fmt.percent),
-                                              ("p90 |error|", "p90", fmt.percent)])])
+        images = [self.image("predicted", figures.predictions(errors), "predicted against measured, with y = x")]
+        shown = [page.table(tables.error_stats(errors), ERROR_COLUMNS)]
+        times = tables.run_order(errors)
+        if len(times):
+            images.append(self.image("prediction_order", figures.prediction_order(times),
+                                     "|time error| of each attempt in the order they ran"))
+            shown += self.learning_tables(times)
+        memory = tables.memory_bound(errors)
+        if len(memory):
+            shown.append(page.table(memory, MEMORY_COLUMNS, "Memory: is the prediction an upper bound?"))
+        return Section("predictions", title, note, images=images, tables=shown)
+
+    def learning_tables(self, times: pd.DataFrame) -> list[page.Table]:
+        """Time error by third of the run, by plan kind, by calibration (once one was learned) and
+        the rank correlation per group."""
+        shown = [page.table(tables.error_by_third(times), THIRD_COLUMNS, "Time error in the order the attempts ran"),
+                 page.table(tables.error_by_kind(times), KIND_COLUMNS, "Time error by plan kind")]
+        calibrations = tables.error_by_calibration(times)
+        if calibrations["calibration"].ne(tables.BASE_CALIBRATION).any():
+            shown.append(page.table(calibrations, CALIBRATION_COLUMNS, "Time error by calibration"))
+        agree = tables.rank_agreement(times)
+        if len(agree):
+            shown.append(page.table(agree, RANK_COLUMNS, "Predicted against measured order of the plans"))
+        return shown
 
     def energy_section(self) -> Section:
-        table = tables.energy(self.plans)
-        note = "Joules the job's GPUs used per measured step, divided by the global batch (Zeus's figure)."
-        if table.empty:
-            return Section("energy", "Energy per sample", note,
-                           "No attempt recorded energy: it is read from NVML, on NVIDIA GPUs only.")
-        return Section("energy", "Energy per sample", note,
-                       images=[self.image("energy", figures.energy(table), "energy per sample by plan")],
-                       tables=[_table(table, [("model", "model", fmt.text), ("cluster", "cluster", fmt.text),
-                                              ("plan", "plan", fmt.text),
-                                              ("J/step", "energy_per_iter", fmt.number),
-                                              ("J/sample", "energy_per_sample", fmt.number),
-                                              ("samples/s", "throughput", fmt.number)])])
+        points = tables.energy_points(self.plans)
+        measured = tables.energy(self.plans)
+        note = ("Time and energy per iteration of every plan as predicted (the cost model prices every device "
+                "of the cluster, busy and idle), the predicted frontier (the plans no other is predicted to "
+                "beat on both time and energy) and the measured points, each joined to its prediction; then "
+                "the joules the job's devices used per measured step, divided by the global batch.")
+        title = "Energy"
+        if points.empty:
+            return Section("energy", title, note, "No attempt recorded a predicted or measured energy: the cost "
+                           "model predicts it, and measuring it needs an NVIDIA or AMD GPU, or a CPU with "
+                           "RAPL, and the `energy` extra (pip install 'codesign[energy]').")
+        images, shown = [], []
+        frontier = tables.energy_frontier(points)
+        if len(frontier):
+            images.append(self.image("energy_frontier", figures.energy_frontier(points),
+                                     "predicted time against energy per iteration, frontier and measured points"))
+            shown.append(page.table(frontier, FRONTIER_COLUMNS, "The predicted time-energy frontier"))
+        else:
+            note += " No plan recorded a predicted energy, so there is no predicted frontier."
+        if len(measured):
+            images.append(self.image("energy", figures.energy(measured), "energy per sample by plan"))
+            shown.append(page.table(measured, ENERGY_COLUMNS, "Measured energy, cheapest sample first"))
+        return Section("energy", title, note, images=images, tables=shown)
 
     def compile_section(self) -> Section:
         points, stats = tables.compile_vs_step(self.frame)
@@ -254,10 +290,10 @@ class Report:
         return Section("compile", "Compile time against step time", note,
                        images=[self.image("compile_vs_step", figures.compile_vs_step(points),
                                           "compile time against step time")],
-                       tables=[_table(stats, [("cluster", "cluster", fmt.text),
+                       tables=[page.table(stats, [("cluster", "cluster", fmt.text),
                                               ("attempts", "attempts", fmt.integer),
                                               ("median compile (s)", "compile_time", fmt.number),
-                                              ("median step (ms)", "step_time", _ms),
+                                              ("median step (ms)", "step_time", page.ms),
                                               ("steps per compile", "steps_per_compile", fmt.number)])])
 
     def failures_section(self) -> Section:
@@ -269,7 +305,7 @@ class Report:
         return Section("failures", "Failures", note,
                        images=[self.image("failures", figures.failures(tables.failure_counts(self.frame)),
                                           "failed attempts per cluster and status")],
-                       tables=[_table(table, [("status", "status", fmt.text), ("reason", "reason", fmt.text),
+                       tables=[page.table(table, [("status", "status", fmt.text), ("reason", "reason", fmt.text),
                                               ("attempts", "attempts", fmt.integer),
                                               ("jobs", "jobs", fmt.integer),
                                               ("clusters", "clusters", fmt.text)])])
@@ -282,7 +318,7 @@ class Report:
         if simulated.empty:
             return Section("simulated", title, note, "No simulated rows: a cluster with platform = \"sim\" "
                            "records the cost model's predictions without running.")
-        shown = _group_tables(simulated, SIMULATED_COLUMNS)
+        shown = page.group_tables(simulated, SIMULATED_COLUMNS)
         ranked = tables.ranked(simulated)
         images = [self.image("simulated", figures.throughput(ranked, "predicted throughput"),
                              "predicted throughput by plan for each simulated cluster")] if len(ranked) else []
@@ -298,7 +334,7 @@ class Report:
         return Section("auto", title, note,
                        images=[self.image("auto_search", figures.auto_vs_manual(table),
                                           "Auto search against the best manual plan")],
-                       tables=[_table(table, [("model", "model", fmt.text), ("cluster", "cluster", fmt.text),
+                       tables=[page.table(table, [("model", "model", fmt.text), ("cluster", "cluster", fmt.text),
                                               ("global batch", "global_batch", fmt.integer),
                                               ("Auto search plan", "plan_auto", fmt.text),
                                               ("Auto search samples/s", "score_auto", fmt.number),
@@ -323,14 +359,21 @@ class Report:
                            "`reason` column says why.")
         images = [self.image("codesign", figures.codesign_frontier(self.codesign),
                              "parameters against predicted samples/s, Pareto frontier in colour")]
-        shown = [_table(frontier, CODESIGN_COLUMNS)]
+        shown = [page.table(frontier, CODESIGN_COLUMNS)]
         agree = tables.codesign_agreement(self.codesign)
         if agree.empty:
             note += " No winner was measured (run with --run-top N)."
         else:
             images.append(self.image("codesign_measured", figures.codesign_measured(self.codesign),
                                      "predicted against measured samples/s of the winners run"))
-            shown.insert(0, _table(agree, AGREEMENT_COLUMNS))
+            shown.insert(0, page.table(agree, AGREEMENT_COLUMNS))
+        energy = tables.codesign_energy_frontier(self.codesign) if ENERGY_COLUMN in self.codesign else None
+        if energy is not None and len(energy):
+            note += (" Per cluster, the time-energy frontier: the candidates no other is predicted to beat on "
+                     "both samples/s and samples per joule.")
+            images.append(self.image("codesign_energy", figures.codesign_energy(self.codesign, energy),
+                                     "predicted samples per joule against samples/s, time-energy frontier in colour"))
+            shown.append(page.table(energy, CODESIGN_ENERGY_COLUMNS, "Time-energy frontier per cluster"))
         return Section("codesign", title, note, images=images, tables=shown)
 
     def no_auto(self) -> str:
@@ -358,32 +401,6 @@ def _integers(frame: pd.DataFrame) -> pd.DataFrame:
     """Whole-number columns as integers in the CSVs (a NaN made them floats)."""
     present = [c for c in INTEGERS if c in frame.columns]
     return frame.astype({c: "Int64" for c in present})
-
-
-def _table(frame: pd.DataFrame, columns: list[Column]) -> Table:
-    return Table([header for header, _, _ in columns], _rows(frame, columns))
-
-
-def _group_tables(plans_: pd.DataFrame, columns: list[Column]) -> list[Table]:
-    """One folding table per (model, cluster), in the frame's order; the first OPEN_GROUPS unfolded."""
-    groups: dict[tuple[str, str], list[list[tuple[str, str]]]] = {}
-    for key, row in zip(zip(plans_["model"], plans_["cluster"]), _rows(plans_, columns)):
-        groups.setdefault(key, []).append(row)
-    return [Table([header for header, _, _ in columns], rows, f"{model} | {cluster}", fold=True, open=i < OPEN_GROUPS)
-            for i, ((model, cluster), rows) in enumerate(groups.items())]
-
-
-def _rows(frame: pd.DataFrame, columns: list[Column]) -> list[list[tuple[str, str]]]:
-    """Every cell formatted with its CSS class (numbers right-aligned, statuses coloured), the frame
-    converted once (not per group: thousands of plans)."""
-    records = frame[list(dict.fromkeys(c for _, c, _ in columns))].to_dict("records")
-    classes = ["text" if format_ is fmt.text else "num" for _, _, format_ in columns]
-    rows = []
-    for record in records:
-        cells = [format_(record[column]) for _, column, format_ in columns]
-        rows.append([(f"text status-{text}" if header == "status" else css, text)
-                     for (header, _, _), css, text in zip(columns, classes, cells)])
-    return rows
 
 
 def _environment() -> jinja2.Environment:

@@ -2,15 +2,23 @@
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
+import numpy as np
 import pandas as pd
 
-from codesign.outcome import SUCCEEDED
+from codesign.outcome import SIMULATED, SUCCEEDED
 from codesign.report import fmt
 from codesign.report.frame import FAILURES, GROUP, SETUP, attempts_frame, plans
 
 KEYS = ["simulated", *GROUP, *SETUP]
 # predicted column against the measured one it predicts (time: the median step, as the cost model's bench)
 PREDICTIONS = {"time": ("predicted_time", "median"), "memory": ("predicted_memory", "max_memory")}
+THIRDS = ("first third", "second third", "last third")  # of the attempts, in the order they ran
+MIN_RANKED = 3  # measured plans a group needs for a rank correlation to mean anything
+UNDER = 0.05  # a memory prediction this far below the measured peak risks an OOM (issue 49's bound)
+BASE_CALIBRATION = "none"  # an attempt priced before the cost model learned from runs
 
 
 def ranked(plans_: pd.DataFrame) -> pd.DataFrame:
@@ -45,11 +53,90 @@ def prediction_errors(frame: pd.DataFrame) -> pd.DataFrame:
     for quantity, (predicted, measured) in PREDICTIONS.items():
         rows = ok[ok[predicted].notna() & ok[measured].gt(0)]
         parts.append(pd.DataFrame({"quantity": quantity, "id": rows["id"], "platform": rows["platform"],
-                                   "cluster": rows["cluster"], "plan": rows["plan"],
+                                   "model": rows["model"], "cluster": rows["cluster"], "plan": rows["plan"],
+                                   "job_key": rows["job_key"], "plan_kind": rows["plan_kind"],
+                                   "configs": rows["all_configs"],
                                    "predicted": rows[predicted], "measured": rows[measured]}))
-    out = pd.concat(parts, ignore_index=True)
+    out = pd.concat(parts, ignore_index=True).sort_values(["quantity", "id"], kind="stable", ignore_index=True)
     out["error"] = (out["predicted"] - out["measured"]) / out["measured"]
+    out["calibration"] = out.pop("configs").map(calibration_version)
     return out
+
+
+def calibration_version(configs: Any) -> str:
+    """The version of the learned calibration that priced an attempt (all_configs' prediction)."""
+    try:
+        version = json.loads(configs)["prediction"].get("calibration")
+    except (TypeError, ValueError, KeyError, AttributeError):
+        version = None
+    return BASE_CALIBRATION if version is None else str(version)
+
+
+def run_order(errors: pd.DataFrame) -> pd.DataFrame:
+    """Time errors in the order the attempts ran (their ids), numbered from 0 per platform (a DB
+    may hold two machines' runs), with the third of the platform's attempts each falls in."""
+    times = errors[errors["quantity"].eq("time")].sort_values("id", kind="stable").copy()
+    by_platform = times.groupby("platform", dropna=False)
+    times["order"] = by_platform.cumcount()
+    times["third"] = times["order"] * len(THIRDS) // by_platform["id"].transform("size")
+    times["abs_error"] = times["error"].abs()
+    return times
+
+
+def error_by_third(times: pd.DataFrame) -> pd.DataFrame:
+    """Median |time error| of the first, second and last third of each platform's attempts: whether
+    the cost model learned from the runs before."""
+    grouped = times.groupby(["platform", "third"], dropna=False)
+    out = pd.DataFrame({"attempts": grouped.size(), "first": grouped["order"].min() + 1,
+                        "last": grouped["order"].max() + 1, "median": grouped["abs_error"].median()}).reset_index()
+    out["part"] = out["third"].map(dict(enumerate(THIRDS)))
+    out["range"] = [f"{first}-{last}" for first, last in zip(out["first"], out["last"])]
+    first = out[out["third"].eq(0)].set_index("platform")["median"]
+    out["vs_first"] = out["median"] / out["platform"].map(first)
+    return out
+
+
+def error_by_kind(times: pd.DataFrame) -> pd.DataFrame:
+    """Per plan kind: median signed time error (the side the cost model errs on) and median |error|."""
+    grouped = times.groupby(["platform", "plan_kind"], dropna=False)
+    out = pd.DataFrame({"attempts": grouped.size(), "median": grouped["error"].median(),
+                        "median_abs": grouped["abs_error"].median()}).reset_index()
+    return out.sort_values(["platform", "attempts", "plan_kind"], ascending=[True, False, True], kind="stable")
+
+
+def error_by_calibration(times: pd.DataFrame) -> pd.DataFrame:
+    """Per calibration version, in the order they first priced an attempt: attempts and median |error|."""
+    grouped = times.groupby(["platform", "calibration"], dropna=False, sort=False)
+    out = pd.DataFrame({"attempts": grouped.size(), "first": grouped["order"].min() + 1,
+                        "median": grouped["abs_error"].median()}).reset_index()
+    return out.sort_values(["platform", "first"], kind="stable")
+
+
+def rank_agreement(times: pd.DataFrame) -> pd.DataFrame:
+    """Per (model, cluster) with at least MIN_RANKED measured plans (a plan's latest attempt):
+    Spearman's rho of predicted and measured time, and the measured time of the plan predicted
+    fastest over the fastest measured (1 = the prediction chose the best). Spearman's rho is the
+    correlation of the ranks (ties share their mean rank), computed here: importing scipy.stats
+    costs a report more than the rest of this section."""
+    latest = times.drop_duplicates("job_key", keep="last")
+    rows = []
+    for (model, cluster), group in latest.groupby(GROUP, sort=True):
+        if len(group) >= MIN_RANKED:
+            chosen = group.loc[group["predicted"].idxmin(), "measured"]
+            rows.append({"model": model, "cluster": cluster, "plans": len(group),
+                         "spearman": group["predicted"].rank().corr(group["measured"].rank()),
+                         "chosen_vs_best": chosen / group["measured"].min()})
+    return pd.DataFrame(rows, columns=["model", "cluster", "plans", "spearman", "chosen_vs_best"])
+
+
+def memory_bound(errors: pd.DataFrame) -> pd.DataFrame:
+    """Per platform: the share of predicted peaks below the measured one (an OOM risk), and below by
+    more than UNDER, and the median over-prediction ((predicted - measured) / measured)."""
+    memory = errors[errors["quantity"].eq("memory")]
+    grouped = memory.groupby("platform", dropna=False)["error"]
+    return pd.DataFrame({"attempts": grouped.size(), "below": grouped.agg(lambda e: (e < 0).mean()),
+                         "far_below": grouped.agg(lambda e: (e < -UNDER).mean()),
+                         "median": grouped.median()}).reset_index()
 
 
 def error_stats(errors: pd.DataFrame) -> pd.DataFrame:
@@ -64,6 +151,33 @@ def energy(plans_: pd.DataFrame) -> pd.DataFrame:
     """Measured plans that recorded joules per step, cheapest sample first."""
     ok = plans_[~plans_["simulated"] & plans_["status"].eq(SUCCEEDED) & plans_["energy_per_iter"].notna()]
     return ok.sort_values("energy_per_sample", kind="stable")
+
+
+def energy_points(plans_: pd.DataFrame) -> pd.DataFrame:
+    """Plans with a predicted or measured energy per iteration (succeeded measured plans, simulated
+    ones), each flagged when on its group's predicted time-energy frontier: no other plan of the same
+    model, cluster and setup is predicted faster and cheaper (codesign.planner.ranking.pareto)."""
+    from codesign.planner.ranking import pareto
+
+    ran = ~plans_["simulated"] & plans_["status"].eq(SUCCEEDED)
+    priced = plans_["simulated"] & plans_["status"].eq(SIMULATED)
+    predicted = plans_["predicted_time"].notna() & plans_["predicted_energy"].notna()
+    measured = plans_["median"].notna() & plans_["energy_per_iter"].notna()
+    points = plans_[(ran | priced) & (predicted | measured)].copy()
+    points["predicted_samples_per_joule"] = points["global_batch"] / points["predicted_energy"]
+    points["samples_per_joule"] = points["global_batch"] / points["energy_per_iter"]
+    points["frontier"] = False
+    both = points[points["predicted_time"].notna() & points["predicted_energy"].notna()]
+    for _, group in both.groupby([*GROUP, *SETUP], dropna=False):
+        on = pareto(-group["predicted_time"].to_numpy(float), -group["predicted_energy"].to_numpy(float))
+        points.loc[group.index[on], "frontier"] = True
+    return points
+
+
+def energy_frontier(points: pd.DataFrame) -> pd.DataFrame:
+    """The predicted frontier's plans, per group fastest first."""
+    on = points[points["frontier"]]
+    return on.sort_values([*GROUP, *SETUP, "predicted_time"], na_position="last", kind="stable")
 
 
 def compile_vs_step(frame: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -158,3 +272,16 @@ def codesign_agreement(ranking: pd.DataFrame) -> pd.DataFrame:
             for (cluster, micro), group in ran.groupby(["cluster", "micro_batches"], sort=False)]
     return pd.DataFrame(rows, columns=["cluster", "micro_batches", "runs", "spearman", "predicted_best_measured",
                                        "measured_best", "best_ratio"]).dropna(subset=["runs"])
+
+
+def codesign_energy_frontier(ranking: pd.DataFrame) -> pd.DataFrame:
+    """Per cluster of the co-design CSV: the candidates no other beats on both predicted samples/s and
+    predicted samples per joule, fastest first."""
+    from codesign.planner.ranking import pareto
+
+    fit = ranking[np.isfinite(ranking["predicted_samples_per_s"]) & np.isfinite(ranking["samples_per_joule"])]
+    marked = [group.index[pareto(group["predicted_samples_per_s"].to_numpy(float),
+                                 group["samples_per_joule"].to_numpy(float))]
+              for _, group in fit.groupby("cluster", sort=False)]
+    on = fit.loc[[i for index in marked for i in index]]
+    return on.sort_values(["cluster", "predicted_samples_per_s"], ascending=[True, False], kind="stable")
