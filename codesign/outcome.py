@@ -23,7 +23,7 @@ DONE_STATUSES = (SUCCEEDED, SIMULATED)  # a job with one of these is finished, e
 METRIC_COLUMNS = ("avg", "median", "p90", "max_memory", "throughput", "compile_time",
                   "predicted_time", "predicted_memory", "compiled_memory", "device_kind", "versions",
                   "energy_per_iter", "profile_id", "cost_model", "codesign_version", "gpu_ids", "jobs_beside",
-                  "log_path")
+                  "log_path", "avg_power", "energy_source", "predicted_energy")
 
 
 @dataclass

@@ -44,5 +44,5 @@ def test_reprice_prices_an_attempt_that_recorded_no_links_with_the_configs_and_k
     configs = json.loads(again["all_configs"])
     assert {link["name"] for link in configs["prediction"]["links"]} == {"NVLink", "EFAx4"}
     assert again["predicted_time"] > 1.5 * predict(SIM_JOB, ProfileBook())["predicted_time"]
-    assert configs[EARLIER_PREDICTIONS] == [{"predicted_time": 123.0, "predicted_memory": 1, "profile_id": None,
-                                             "cost_model": None, "prediction": None}]
+    assert configs[EARLIER_PREDICTIONS] == [{"predicted_time": 123.0, "predicted_memory": 1, "predicted_energy": None,
+                                             "profile_id": None, "cost_model": None, "prediction": None}]

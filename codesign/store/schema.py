@@ -146,6 +146,15 @@ V7_PROVENANCE = [
 ]
 
 
+# v8: energy as the job measured it (average watts per device, which counter) and as the cost
+# model predicted it, beside energy_per_iter.
+V8_ENERGY = [
+    "ALTER TABLE attempts ADD COLUMN avg_power REAL",
+    "ALTER TABLE attempts ADD COLUMN energy_source TEXT",
+    "ALTER TABLE attempts ADD COLUMN predicted_energy REAL",
+]
+
+
 MIGRATIONS: list[Migration] = [
     _statements(V1_ATTEMPTS),
     _statements(V2_PRECISION_ENERGY),
@@ -154,5 +163,6 @@ MIGRATIONS: list[Migration] = [
     _statements(PROFILES),  # v5: device profiles for the cost model
     allow_simulated,  # v6: 'simulated' attempts, compiled_memory apart from predicted_memory
     _statements(V7_PROVENANCE),  # v7: profile copies by id; what priced, recorded and ran each attempt
+    _statements(V8_ENERGY),  # v8: avg_power, energy_source, predicted_energy
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
