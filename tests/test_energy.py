@@ -72,7 +72,7 @@ def test_without_rapl_a_cpu_job_has_no_counter_and_says_why():
 
 
 def test_without_zeus_the_reading_says_how_to_install_it(monkeypatch):
-    monkeypatch.setitem(sys.modules, "zeus.monitor", None)  # import fails as if not installed
+    monkeypatch.setitem(sys.modules, "zeus.device", None)  # import fails as if not installed
     meter = open_meter([Device("gpu")])
     meter.begin()
     assert meter.end(steps=2) == Energy(reason=NO_ZEUS)

@@ -66,18 +66,17 @@ def open_meter(devices: Sequence) -> Meter:
     platform = devices[0].platform if devices else None
     if platform not in ("gpu", "cpu"):
         return Meter(reason=f"no energy counter for {platform or 'no'} devices")
-    try:
+    try:  # zeus.device is light; zeus.monitor imports scikit-learn, so only once a counter exists
+        source = _gpu_source() if platform == "gpu" else _rapl_source()
         from zeus.monitor import ZeusMonitor
-    except ImportError:
-        return Meter(reason=NO_ZEUS)
-    try:
+
         if platform == "gpu":
-            source = _gpu_source()
             monitor = ZeusMonitor(gpu_indices=[d.local_hardware_id for d in devices], cpu_indices=[],
                                   approx_instant_energy=True, sync_execution_with="jax")
         else:
-            source = _rapl_source()
             monitor = ZeusMonitor(gpu_indices=[], sync_execution_with="jax")
+    except ModuleNotFoundError as err:
+        return Meter(reason=NO_ZEUS if (err.name or "").split(".")[0] == "zeus" else str(err))
     except Exception as err:  # whatever keeps Zeus from counting, the job still runs
         log.info("no energy meter: %s", err)
         return Meter(reason=str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__)
