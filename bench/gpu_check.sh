@@ -11,6 +11,9 @@
 #     through the real CLI at bf16 and fp32, batch 1024 and 4096, into one fresh DB;
 #  4. the cost model's error on those results (bench/bench_cost_model.py; target: median <= 10%), and the
 #     built-in profile's of this device kind on the same (the H200's is a measured one; the H100's its data sheet's);
+#  9. (after part 4) energy: part 3's joules per iteration against predicted_energy, per job (target: within 15%),
+#     then, where NVML lets this user set the power limit, part 3's first job at three limits (default, 80%, 60%):
+#     measured time and energy against predicted (bench/bench_power.py; without permission it says why, exit 0);
 #  5. the step bench at batch 1024, bf16 then fp32: the plain reference (project/reference);
 #  6. the step bench at batch 4096, bf16 then fp32: the reference (the project's step at 4096 is
 #     part 3's seed job; `--rows project-leaves` is the per-leaf step: 12.40 ms against the flat 10.95 on H100s);
@@ -24,7 +27,7 @@
 #     all of them together (bench/flag_winners.py), so one lease finds the combination to make the default.
 # The whole check ends within GPU_CHECK_SECONDS (360 s) of its start: each part's timeout is cut to the time
 # left, and a part with less than 15 s left is skipped.
-# GPU_CHECK_PARTS="1 2 3 4" runs those parts alone (default: 1-6), for a device lease too short for all;
+# GPU_CHECK_PARTS="1 2 3 4" runs those parts alone (default: 1-6 and 9), for a device lease too short for all;
 # GPU_CHECK_ROWS="project-bias-add reference" adds bench_step rows to part 1 (a before/after in one run;
 # project-one-vector: no leaf kept whole beside the flat vector, EngineOptions.whole_leaf; project-whole-leaf: the
 # fp32 step's large leaves whole in bf16 too, so Adam updates the DOT kernel in a kernel of its own, traced too);
@@ -48,11 +51,11 @@ exec > >(tee "$out/gpu_check.log") 2>&1
 if [ -n "${GPU_CHECK_SMOKE:-}" ]; then
   model=(--model tiny --steps 1) b1=8 b2=16 platform=cpu batches="8" precisions="fp32"
   export CODESIGN_PROFILE_LOOPS=small  # the profile's GPU path (loop-timed sections), at small sizes
-  t_bench=300 t_profile=300 t_cli=900 t_cost=120 t_large=600 seconds=${GPU_CHECK_SECONDS:-3600}
+  t_bench=300 t_profile=300 t_cli=900 t_cost=120 t_large=600 t_power=600 seconds=${GPU_CHECK_SECONDS:-3600}
 else
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
   model=(--model seed --steps 20) b1=1024 b2=4096 platform=gpu batches="1024 4096" precisions="bf16 fp32"
-  t_bench=70 t_profile=150 t_cli=240 t_cost=20 t_large=100 seconds=${GPU_CHECK_SECONDS:-360}
+  t_bench=70 t_profile=150 t_cli=240 t_cost=20 t_large=100 t_power=90 seconds=${GPU_CHECK_SECONDS:-360}
 fi
 end=$(( $(date +%s) + seconds ))
 within() { local left=$(( end - $(date +%s) )); echo $(( $1 < left ? $1 : (left > 1 ? left : 1) )); }  # a timeout, cut to the time left
@@ -64,7 +67,7 @@ keep() {  # the files made so far, back in one archive (the JAX caches stay behi
 bench_step() { timeout $(within $t_bench) "$py" bench/bench_step.py "${model[@]}" --cache "$JAX_COMPILATION_CACHE_DIR" "$@"; }
 
 part() {  # a part named in GPU_CHECK_PARTS, with 15 s or more of the check's time left
-  [[ " ${GPU_CHECK_PARTS:-1 2 3 4 5 6} " == *" ${1%.} "* ]] || return 1
+  [[ " ${GPU_CHECK_PARTS:-1 2 3 4 5 6 9} " == *" ${1%.} "* ]] || return 1
   if (( end - $(date +%s) < 15 )); then echo "## $* skipped: the check's $seconds s are spent"; return 1; fi
   echo "## $*"
 }
@@ -111,6 +114,11 @@ if part 4. cost model error; then
 timeout $(within $t_cost) "$py" bench/bench_cost_model.py -d "$work/gpu.db" -v
 echo "# the same attempts priced by the built-in profile of this device kind (what prices it before a profile is measured):"
 timeout $(within $t_cost) "$py" bench/bench_cost_model.py -d "$work/gpu.db" --builtin -v
+keep
+fi
+
+if part 9. energy measured against predicted, and at three power limits; then
+timeout $(within $t_power) "$py" bench/bench_power.py -d "$work/gpu.db" --limits
 keep
 fi
 

@@ -2,6 +2,7 @@
 
 import importlib
 import io
+import json
 import os
 import shlex
 import shutil
@@ -212,7 +213,9 @@ def test_precision_is_recorded_on_every_attempt(tmp_path):
     assert run_cli("-c", "c.toml", cwd=tmp_path).returncode == 0
     (attempt,) = db_rows(tmp_path / "results.db")
     assert (attempt["status"], attempt["precision"]) == ("succeeded", "bf16")
-    assert attempt["energy_per_iter"] is None  # no GPU, no NVML counter: absent, not zero
+    # no GPU, no RAPL: absent, not zero, with the reason in all_configs
+    assert (attempt["energy_per_iter"], attempt["avg_power"], attempt["energy_source"]) == (None, None, None)
+    assert json.loads(attempt["all_configs"])["energy"]["reason"]
 
 
 def test_jobs_this_machine_cannot_provide_are_counted_not_recorded(tmp_path, fixture_config):

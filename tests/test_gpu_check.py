@@ -8,8 +8,11 @@ import tarfile
 
 import pytest
 
-from bench import flag_winners
+from bench import bench_power, flag_winners
+from codesign.outcome import Outcome
+from codesign.store.database import Store
 from tests.conftest import REPO
+from tests.test_store import JOB
 
 HEAD = "        step precision  batch   step ms   samples/s  TFLOP/s  peak MiB compile s   loop ms\n"
 
@@ -60,3 +63,32 @@ def test_part_8_runs_the_step_once_under_each_flag_set_then_the_winners_together
     # which changes beat part 1 on this CPU is noise; the script must do what the rows it kept say
     assert (together.groups() if together else None) == (
         (" ".join([chosen[0], *chosen[1]]), chosen[0]) if chosen else None)
+
+
+def test_part_9_compares_energy_with_the_prediction_and_runs_the_power_limits_where_it_may():
+    """Part 9 exists, after part 4 and before part 5, among the default parts; the script parses."""
+    script = (REPO / "bench" / "gpu_check.sh").read_text()
+    assert subprocess.run(["bash", "-n", str(REPO / "bench" / "gpu_check.sh")], check=False).returncode == 0
+    assert 'GPU_CHECK_PARTS:-1 2 3 4 5 6 9}' in script
+    order = [script.index(f"\nif part {n}. ") for n in (4, 9, 5)]
+    assert order == sorted(order)
+    assert 'bench/bench_power.py -d "$work/gpu.db" --limits' in script
+
+
+def test_bench_power_prints_the_ratio_and_says_why_limits_cannot_be_set(tmp_path, capsys):
+    """Without NVML (this VM) the limit runs are skipped with the reason, exit 0; each attempt
+    shows measured against predicted joules, or why nothing measured."""
+    store = Store(tmp_path / "gpu.db")
+    measured = {"median": 0.01, "energy_per_iter": 3.3, "avg_power": 330.0, "energy_source": "zeus:nvml",
+                "predicted_time": 0.011, "predicted_energy": 3.0}
+    store.finish(store.claim("a", JOB, retry_failed=False), Outcome("succeeded", metrics=measured))
+    unmeasured = {"median": 0.01, "energy": {"source": None, "joules_per_iter": None, "watts_per_device": None,
+                                             "reason": "zeus is not installed"}}
+    store.finish(store.claim("b", JOB, retry_failed=False), Outcome("succeeded", metrics=unmeasured))
+    store.close()
+    assert bench_power.main(["-d", str(tmp_path / "gpu.db"), "--limits"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "3.300" in lines[1] and "1.100" in lines[1] and lines[1].endswith("zeus:nvml")
+    assert lines[2].endswith("zeus is not installed")
+    assert lines[3].startswith("power limits: NVML cannot say the default limit") and len(lines) == 4
+    assert bench_power.main(["-d", str(tmp_path / "none.db")]) == 0

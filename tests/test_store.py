@@ -1,3 +1,4 @@
+import json
 import multiprocessing
 import shutil
 import sqlite3
@@ -133,6 +134,39 @@ def test_a_version_1_db_is_migrated_in_place(tmp_path):
     attempt = store.claim("new", JOB, retry_failed=False)
     store.finish(attempt, Outcome("succeeded", metrics={"energy_per_iter": 3.25}))
     assert store.attempts()[1]["energy_per_iter"] == 3.25 and store.attempts()[1]["precision"] == "fp32"
+
+
+def test_a_version_7_db_gains_the_energy_columns_and_keeps_its_rows(tmp_path):
+    conn = sqlite3.connect(tmp_path / "r.db", isolation_level=None)
+    for migration in schema.MIGRATIONS[:7]:
+        migration(conn)
+    conn.execute("PRAGMA user_version = 7")
+    conn.execute("INSERT INTO attempts (job_key, status, avg, energy_per_iter, predicted_time) "
+                 "VALUES ('old', 'succeeded', 2.5, 40.0, 2.25)")
+    conn.close()
+    store = Store(tmp_path / "r.db")
+    assert store.schema_version == SCHEMA_VERSION == 8
+    (old,) = store.attempts()
+    assert (old["job_key"], old["avg"], old["energy_per_iter"], old["predicted_time"]) == ("old", 2.5, 40.0, 2.25)
+    assert (old["avg_power"], old["energy_source"], old["predicted_energy"]) == (None, None, None)
+    cursor = store.conn.execute("select * from results")
+    assert [d[0] for d in cursor.description] == list(LEGACY_COLUMNS) and len(cursor.fetchall()) == 1
+
+
+def test_measured_and_predicted_energy_land_in_their_columns_and_all_configs(tmp_path):
+    """The job body's energy reading fills energy_per_iter, avg_power and energy_source (the whole
+    reading, with its reason, in all_configs); a prediction's predicted_energy fills its column."""
+    store = Store(tmp_path / "r.db")
+    reading = {"source": "zeus:nvml", "joules_per_iter": 12.5, "watts_per_device": 310.0, "reason": None}
+    power = {"limits": {"0": 250.0}, "applied": False, "reason": "no permission"}
+    metrics = {"energy_per_iter": 12.5, "avg_power": 310.0, "energy_source": "zeus:nvml", "energy": reading,
+               "power": power, "predicted_time": 0.04, "predicted_energy": 11.0}
+    store.finish(store.claim("k", JOB, retry_failed=False), Outcome("succeeded", metrics=metrics))
+    (row,) = store.attempts()
+    assert (row["energy_per_iter"], row["avg_power"], row["energy_source"], row["predicted_energy"]) == (
+        12.5, 310.0, "zeus:nvml", 11.0)
+    configs = json.loads(row["all_configs"])
+    assert (configs["energy"], configs["power"]) == (reading, power)
 
 
 def test_auto_search_rows_of_0_1_0_are_not_attempts(tmp_path):

@@ -25,8 +25,9 @@ import numpy as np
 import optax
 from jax.experimental import multihost_utils
 
+from codesign import power_limits
 from codesign.engine import pipeline, programs
-from codesign.engine.energy import open_energy_meter
+from codesign.engine.energy import Energy, open_meter
 from codesign.engine.options import EngineOptions, engine_options
 from codesign.engine.programs import DoesNotFit
 from codesign.engine.step import build_single_stage
@@ -83,16 +84,15 @@ def more_steps(times: list[float], min_seconds: float) -> int:
     return count
 
 
-def measure_steps(training: programs.Training, job: Job, devices) -> tuple[list[float], list[float], float | None]:
+def measure_steps(training: programs.Training, job: Job, devices) -> tuple[list[float], list[float], Energy]:
     """Warm-up steps, then the measured ones: every loss, the measured steps' wall times and
-    the GPU joules per measured step on this process's devices."""
+    the energy of the measured steps on this process's devices."""
     warmup = job.training.warmup_iters
     losses, _ = train_steps(training, warmup)
-    meter = open_energy_meter(devices)
-    start = meter() if meter else None
+    meter = open_meter(devices)
+    meter.begin()
     measured_losses, times = train_steps(training, job.training.num_iters - warmup, job.training.min_measured_seconds)
-    energy = (meter() - start) / len(times) if meter else None
-    return losses + measured_losses, times, energy
+    return losses + measured_losses, times, meter.end(len(times))
 
 
 def peak_memory(training: programs.Training, devices) -> int | None:
@@ -122,6 +122,9 @@ def run_job(job: Job, chosen: Sequence[Plan] = ()) -> Outcome:
         outcome.chosen_plan = plan.to_dict()
     if trials:
         outcome.metrics["auto_trials"] = trials
+    power = power_limits.record(os.environ)  # the power limits it was given, and whether its guard set them
+    if power:
+        outcome.metrics["power"] = power
     return outcome
 
 
@@ -151,7 +154,7 @@ def run_plan(job: Job, plan: Plan, options: EngineOptions) -> Outcome:
         status = OOM if _is_oom(err) else FAILED
         return Outcome(status, error=traceback.format_exc(), plan=plan.describe())
     measured = np.array(times)
-    metrics = {"energy_per_iter": energy, "avg": float(measured.mean()), "median": float(np.median(measured)),
+    metrics = {**energy.metrics(), "avg": float(measured.mean()), "median": float(np.median(measured)),
                "p90": float(np.percentile(measured, 90)),
                "max_memory": peak_memory(training, local),
                "throughput": job.global_batch / float(measured.mean()),

@@ -9,6 +9,11 @@ started, however busy (a compile holding the GIL cannot delay a separate process
 parent-death signal is a second path to the same end. When the job body ends by itself, the
 guard (a child subreaper, so orphaned descendants become its children) kills what it left
 behind, then exits as its child did, so the parent reads the job's own exit code or signal.
+
+A job given GPU power limits (`power_limits`) runs under them: the guard sets them before the
+job body starts and puts the previous ones back on every way out it has (the job body ends,
+crashes or is killed; the lifeline closes; SIGTERM), before it kills the group. Only SIGKILL of
+the guard itself would skip that: the executor sends SIGTERM first to a limited job's guard.
 """
 
 from __future__ import annotations
@@ -22,9 +27,12 @@ import threading
 
 import psutil
 
+from codesign.power_limits import APPLIED_ENV, PowerLimits, from_env
+
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
 LEFTOVER_ROUNDS = 3  # kill-and-wait rounds for what the job body left (a process may fork meanwhile)
+LIMITS: list[PowerLimits] = []  # the job's power limits, once set: every way out restores them
 
 
 def _prctl(option: int, value: int) -> None:
@@ -50,9 +58,26 @@ def kill_leftovers() -> None:
         psutil.wait_procs(left, timeout=5)
 
 
+def restore_limits() -> None:
+    for limits in LIMITS:
+        limits.restore()
+
+
 def kill_group(*_: object) -> None:
-    """SIGKILL this process group: the guard, the job body and whatever they started."""
+    """Put the power limits back, then SIGKILL this process group: the guard, the job body and
+    whatever they started."""
+    restore_limits()
     os.killpg(0, signal.SIGKILL)
+
+
+def set_limits() -> dict[str, str] | None:
+    """Set the job's power limits, if it has any; the job body's environment then says whether
+    they were (None: the guard's own environment, unchanged)."""
+    limits = from_env()
+    if limits is None:
+        return None
+    LIMITS.append(limits)
+    return {**os.environ, APPLIED_ENV: limits.apply()}
 
 
 def watch(lifeline: int) -> None:
@@ -78,11 +103,12 @@ def main(argv: list[str]) -> None:
     _prctl(_PR_SET_CHILD_SUBREAPER, 1)
     if os.getppid() != parent:  # the parent died before the death signal was armed
         kill_group()
-    child = subprocess.Popen([sys.executable, "-m", *command],
+    child = subprocess.Popen([sys.executable, "-m", *command], env=set_limits(),
                              preexec_fn=lambda: set_parent_death_signal(signal.SIGKILL))
     threading.Thread(target=watch, args=(lifeline,), daemon=True).start()
     code = child.wait()
     kill_leftovers()
+    restore_limits()
     exit_as(code)
 
 

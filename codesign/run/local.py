@@ -26,6 +26,7 @@ from typing import Mapping, Sequence
 import psutil
 
 from codesign.outcome import FAILED, INTERRUPTED, TIMEOUT, Outcome, read_outcome
+from codesign.power_limits import LIMITS_ENV, limits_env
 from codesign.planner.plan import Plan
 from codesign.run.device_env import device_env
 from codesign.config.types import Job
@@ -34,6 +35,7 @@ log = logging.getLogger(__name__)
 POLL_EVERY = 0.05  # seconds between looks at running children
 OUTPUT_TAIL = 4000  # characters of the child's output kept with a crash
 GROUP_EXIT_WAIT = 5.0  # seconds a killed job's process group gets to vanish
+RESTORE_WAIT = 10.0  # seconds a power-limited job's guard gets to put the limits back when stopped
 
 
 def job_env(job: Job, cache_dir: str | None, local_devices: int | None = None,
@@ -57,6 +59,7 @@ class GuardedProcess:
     def __init__(self, command: Sequence[str], env: Mapping[str, str], output: Path | None = None,
                  stdin: int = subprocess.DEVNULL):
         lifeline, self._lifeline = os.pipe()  # we hold the write end until the process is over
+        self.limited = LIMITS_ENV in env  # its guard sets GPU power limits, and must put them back
         self._closing = threading.Lock()
         sink = open(output, "a") if output else None
         try:
@@ -83,7 +86,14 @@ class GuardedProcess:
 
     def kill(self) -> None:
         """SIGKILL the whole group and wait (a bounded time) until it is gone: leftovers of a
-        job must not hold devices when the next job starts."""
+        job must not hold devices when the next job starts. A guard that set power limits gets
+        SIGTERM first: it puts them back, then kills its group itself."""
+        if self.limited and self.proc.poll() is None:
+            try:
+                self.proc.send_signal(signal.SIGTERM)
+                self.proc.wait(RESTORE_WAIT)
+            except (ProcessLookupError, subprocess.TimeoutExpired):
+                pass
         try:
             os.killpg(self.proc.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
@@ -151,6 +161,7 @@ class JobProcess(GuardedProcess):
     def _adopt(self, spare: SpareProcess) -> None:
         """Become the spare's guarded process, its timeout running from now."""
         self.proc, self._lifeline, self._closing = spare.proc, spare._lifeline, spare._closing
+        self.limited = spare.limited
         self.started = time.monotonic()
         spare._tmp.cleanup()
 
@@ -251,13 +262,16 @@ class LocalExecutor:
         return all(r.job.platform == "cpu" for r in running) and len(running) < self.cpu_slots
 
     def start(self, job: Job, timeout: float, plans: Sequence[Plan] = (), log: Path | None = None,
-              running: Sequence[LocalRun] = (), then: Job | None = None) -> LocalRun:
+              running: Sequence[LocalRun] = (), then: Job | None = None,
+              power_limits: Mapping[int, float] | None = None) -> LocalRun:
         """Run the job under the plans given (the toolkit chose them; with several, the fastest
-        as measured), else under its manual spec's; GPU jobs on the first free GPUs. A spare
+        as measured), else under its manual spec's; GPU jobs on the first free GPUs, under the
+        power limits given (job device id -> watts; its guard sets and restores them). A spare
         process starts for `then`, the job likely next (else one like this one), so that a sweep's
-        first job on another cluster starts warm too."""
+        first job on another cluster starts warm too; a job with limits never starts in a spare
+        (its guard sets them as it starts)."""
         gpus = self._gpus_for(job, self.free_gpus(running))
-        env = self._env(job, gpus)
+        env = {**self._env(job, gpus), **limits_env(power_limits)}
         spare, self.spare = self.spare, None
         if spare is not None and not spare.fits(env, self.job_module):
             spare.close()

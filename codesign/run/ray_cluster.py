@@ -17,7 +17,7 @@ import socket
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import ray
 from ray.exceptions import RayActorError, RayError
@@ -149,7 +149,9 @@ class RayExecutor:
         return not any(run.pending for run in running)
 
     def start(self, job: Job, timeout: float, plans: Sequence[Plan] = (), log: Path | None = None,
-              running: Sequence[RayRun] = (), then: Job | None = None) -> RayRun:
+              running: Sequence[RayRun] = (), then: Job | None = None,
+              power_limits: Mapping[int, float] | None = None) -> RayRun:
+        """power_limits are not applied on a Ray cluster yet: its jobs run at the limits they find."""
         bundle = {"CPU": 1, **({"GPU": job.cluster.num_devices_per_host} if job.platform == "gpu" else {})}
         strategy = "STRICT_SPREAD" if job.cluster.num_hosts > 1 else "PACK"
         group = placement_group([bundle] * job.cluster.num_hosts, strategy=strategy)

@@ -21,7 +21,7 @@ import sys
 import traceback
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Iterator, Protocol, Sequence
+from typing import Any, Iterator, Mapping, Protocol, Sequence
 
 from tqdm import tqdm
 
@@ -89,8 +89,10 @@ class Executor(Protocol):
 
     def can_start(self, job: Job, running: Sequence[Any]) -> bool: ...  # True when none run
     def start(self, job: Job, timeout: float, plans: Sequence[Plan] = (), log: Path | None = None,
-              running: Sequence[Any] = (), then: Job | None = None) -> Any: ...
-    # plans: chosen; log: where its output goes; then: the job likely to start next (a hint)
+              running: Sequence[Any] = (), then: Job | None = None,
+              power_limits: Mapping[int, float] | None = None) -> Any: ...
+    # plans: chosen; log: where its output goes; then: the job likely to start next (a hint);
+    # power_limits: watts per job device id, set for the job where the machine permits
     def wait(self, running: Sequence[Any], seconds: float) -> list[tuple[Any, Outcome]]: ...
     def cancel(self, handle: Any) -> None: ...
     def close(self) -> None: ...  # the sweep is over: release what the executor keeps between jobs

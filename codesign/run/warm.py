@@ -18,6 +18,8 @@ import sys
 
 WARM_IMPORTS = ("jax", "flax.linen", "optax", "codesign.engine.programs", "codesign.engine.step",
                 "codesign.engine.pipeline")
+# A GPU job's energy meter (the `energy` extra, where installed); CPU jobs rarely have a counter.
+GPU_WARM_IMPORTS = ("zeus.monitor",)
 
 
 def redirect_output(path: str) -> None:
@@ -34,6 +36,12 @@ def main(argv: list[str]) -> None:
     module = argv[0]
     for name in WARM_IMPORTS:
         importlib.import_module(name)
+    if os.environ.get("JAX_PLATFORMS") != "cpu":
+        for name in GPU_WARM_IMPORTS:
+            try:
+                importlib.import_module(name)
+            except ImportError:
+                pass
     line = sys.stdin.readline()
     if not line:
         return

@@ -54,7 +54,7 @@ NOW = "((julianday('now') - 2440587.5) * 86400.0)"  # the DB clock, in unix seco
 # count, so a plain rerun runs their jobs (codesign 0.1.0 recorded every Auto search job so).
 RETIRED_ERRORS = ("Auto search is not supported yet",)
 # What an outcome reports beside the metric columns, kept under its name in all_configs.
-CONFIG_METRICS = ("losses", "prediction", "auto_search", "auto_trials")
+CONFIG_METRICS = ("losses", "prediction", "auto_search", "auto_trials", "energy", "power")
 # An attempt's prediction and what priced it: the columns a re-pricing replaces.
 PRICED_BY = ("predicted_time", "predicted_memory", "predicted_energy", "profile_id", "cost_model")
 # all_configs' list of the predictions re-pricing replaced, oldest first (each with its columns)

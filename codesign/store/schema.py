@@ -146,7 +146,9 @@ V7_PROVENANCE = [
 ]
 
 
-V8_ENERGY = [  # measured watts and what measured them; the cost model's joules per iteration
+# v8: energy as the job measured it (average watts per device, which counter) and as the cost
+# model predicted it, beside energy_per_iter.
+V8_ENERGY = [
     "ALTER TABLE attempts ADD COLUMN avg_power REAL",
     "ALTER TABLE attempts ADD COLUMN energy_source TEXT",
     "ALTER TABLE attempts ADD COLUMN predicted_energy REAL",
@@ -161,6 +163,6 @@ MIGRATIONS: list[Migration] = [
     _statements(PROFILES),  # v5: device profiles for the cost model
     allow_simulated,  # v6: 'simulated' attempts, compiled_memory apart from predicted_memory
     _statements(V7_PROVENANCE),  # v7: profile copies by id; what priced, recorded and ran each attempt
-    _statements(V8_ENERGY),  # v8: measured average watts and energy source, predicted energy
+    _statements(V8_ENERGY),  # v8: avg_power, energy_source, predicted_energy
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
