@@ -285,7 +285,7 @@ class FinishedJobs:
     def can_start(self, job, running):
         return True
 
-    def start(self, job, timeout, plans=(), log=None, running=(), then=None):
+    def start(self, job, timeout, plans=(), log=None, running=(), then=None, power_limits=None):
         return job
 
     def wait(self, running, seconds):

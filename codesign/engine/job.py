@@ -25,7 +25,7 @@ import numpy as np
 import optax
 from jax.experimental import multihost_utils
 
-from codesign import power_limits
+from codesign import gpu_power
 from codesign.engine import pipeline, programs
 from codesign.engine.energy import Energy, open_meter
 from codesign.engine.options import EngineOptions, engine_options
@@ -122,7 +122,7 @@ def run_job(job: Job, chosen: Sequence[Plan] = ()) -> Outcome:
         outcome.chosen_plan = plan.to_dict()
     if trials:
         outcome.metrics["auto_trials"] = trials
-    power = power_limits.record(os.environ)  # the power limits it was given, and whether its guard set them
+    power = gpu_power.record(os.environ)  # the power limits it was given, and whether its guard set them
     if power:
         outcome.metrics["power"] = power
     return outcome

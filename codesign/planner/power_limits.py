@@ -83,3 +83,8 @@ def settings(w: Workload, plan: Plan, found: Estimate) -> list[Estimate]:
         return [found]
     stages = per_stage(w, plan, found)
     return [found, *plan_wide(w, plan, found), *([stages] if stages else [])]
+
+
+def by_device(plan: Plan, found: Estimate) -> dict[int, float]:
+    """The limits a job runs its plan under, per job device id ({}: the devices' defaults)."""
+    return {d: float(limit) for stage, limit in zip(plan.stages, found.power_limits) for d in stage.device_ids}

@@ -27,7 +27,7 @@ import threading
 
 import psutil
 
-from codesign.power_limits import APPLIED_ENV, PowerLimits, from_env
+from codesign.gpu_power import APPLIED_ENV, PowerLimits, from_env
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36

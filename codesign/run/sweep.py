@@ -32,6 +32,7 @@ from codesign.planner.auto import Candidate, NoPlanFits, choose_plan
 from codesign.planner.columns import plan_columns
 from codesign.planner.cost import predict, recorded
 from codesign.planner.plan import Plan, make_plan
+from codesign.planner.power_limits import by_device
 from codesign.planner.device_profiles import DeviceProfile, ProfileBook, profile_id
 from codesign.run.profile_cache import Profiles
 from codesign.run.reprice import prediction, stale, with_provenance
@@ -330,8 +331,10 @@ class Sweep:
         if log_path:
             log_path.parent.mkdir(parents=True, exist_ok=True)
         plans = [c.plan for c in ready.candidates]
+        limits = by_device(plans[0], ready.candidates[0].estimate) if plans else {}
         handle = self.executor.start(item.job, job_timeout(item.job, self.manual_timeout), plans, log_path,
-                                     [a.handle for a in self.running], self.queue[0].job if self.queue else None)
+                                     [a.handle for a in self.running], self.queue[0].job if self.queue else None,
+                                     power_limits=limits or None)
         self.running.append(Attempt(item, attempt_id, handle, ready.prediction, ready.candidates, log_path))
         for attempt in self.running:
             attempt.beside = max(attempt.beside, len(self.running) - 1)

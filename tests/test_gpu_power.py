@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from codesign import power_limits
+from codesign import gpu_power
 from codesign.outcome import TIMEOUT
 from codesign.run.local import LocalExecutor
 from tests.conftest import REPO
@@ -87,7 +87,7 @@ def nvml(tmp_path):
 def env_with(nvml, limits, **extra):
     fake, state = nvml
     return {**os.environ, "PYTHONPATH": f"{fake}:{REPO}", "FAKE_NVML": str(state),
-            **power_limits.limits_env(limits), **extra}
+            **gpu_power.limits_env(limits), **extra}
 
 
 def start_guard(tmp_path, env, seconds: float):
@@ -173,7 +173,7 @@ def test_without_permission_or_nvml_nothing_is_set_and_the_job_runs(tmp_path, nv
         os.close(lifeline)
     assert note(tmp_path)["applied"] == reason
     assert limits(nvml[1])["0"] == BEFORE
-    assert power_limits.record({**power_limits.limits_env({0: 250.0}), "CODESIGN_POWER_APPLIED": reason}) == {
+    assert gpu_power.record({**gpu_power.limits_env({0: 250.0}), "CODESIGN_POWER_APPLIED": reason}) == {
         "limits": {"0": 250.0}, "applied": False, "reason": reason.removeprefix("no: ")}
 
 
@@ -195,6 +195,6 @@ def test_a_job_killed_at_its_timeout_by_the_executor_leaves_the_limit_restored(t
 
 
 def test_the_job_body_records_its_limits_and_whether_they_were_set():
-    env = {**power_limits.limits_env({1: 200.0, 0: 250.0}), "CODESIGN_POWER_APPLIED": "yes"}
-    assert power_limits.record(env) == {"limits": {"0": 250.0, "1": 200.0}, "applied": True, "reason": None}
-    assert power_limits.record({}) is None  # no limits given: nothing to record
+    env = {**gpu_power.limits_env({1: 200.0, 0: 250.0}), "CODESIGN_POWER_APPLIED": "yes"}
+    assert gpu_power.record(env) == {"limits": {"0": 250.0, "1": 200.0}, "applied": True, "reason": None}
+    assert gpu_power.record({}) is None  # no limits given: nothing to record
