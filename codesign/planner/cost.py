@@ -60,7 +60,7 @@ from codesign.config.loader import LinkSpec
 from codesign.config.types import Job, ModelSpec
 from codesign.zhen import counts
 # Recorded on every attempt beside its prediction: bump it with every change to what the model predicts.
-COST_MODEL_VERSION = "2026.11.28.1"
+COST_MODEL_VERSION = "2026.11.29.1"
 # The block-folded DOT's kernel traffic per call, in kernel-sized fp32 arrays: the forward reads
 # the kernel and its mirror to fold the rows (and writes them); the backward writes the folded
 # gradient's zero-filled square, reads it and its mirror and writes the kernel's gradient.
