@@ -216,6 +216,7 @@ def test_precision_is_recorded_on_every_attempt(tmp_path):
     # no GPU, no RAPL: absent, not zero, with the reason in all_configs
     assert (attempt["energy_per_iter"], attempt["avg_power"], attempt["energy_source"]) == (None, None, None)
     assert json.loads(attempt["all_configs"])["energy"]["reason"]
+    assert attempt["predicted_energy"] > 0  # the cost model prices it wherever nothing measures it
 
 
 def test_jobs_this_machine_cannot_provide_are_counted_not_recorded(tmp_path, fixture_config):
