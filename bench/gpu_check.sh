@@ -5,8 +5,8 @@
 #     jax.profiler trace) and its second compile from the persistent cache, then project fp32;
 #     compile times (cold: the first compiles into an empty cache) and optimized-HLO op counts;
 #  2. `codesign profile`: its wall time (90-104 s on an H200; target 60), matmul rates per precision, HBM
-#     bandwidth, each mixer program's compile and how busy the cores were while they compiled;
-#     kept in the profile cache, so part 3 is priced by it;
+#     bandwidth, each mixer program's compile and how busy the cores were while they compiled, the
+#     measured power model (watts idle, compute- and memory-bound); kept in the profile cache, so part 3 is priced by it;
 #  3. bench/gpu_cost.toml (the seed model and a second model of other widths and mixers, one GPU)
 #     through the real CLI at bf16 and fp32, batch 1024 and 4096, into one fresh DB;
 #  4. the cost model's error on those results (bench/bench_cost_model.py; target: median <= 10%), and the
@@ -84,7 +84,7 @@ if part 2. codesign profile; then
 start=$(date +%s%N)
 timeout $(within $t_profile) "$py" -m codesign profile --platform $platform > "$work/profile.json" 2> "$work/profile.txt"
 echo "codesign profile: exit $?, $(( ($(date +%s%N) - start) / 1000000 )) ms"
-grep -E "matmul|bandwidth|memory|dispatch|compiled|lowered in|measured in|bf16|fp32|all-reduce|all-gather|reduce-scatter|profiled|failed|timed out|Error" "$work/profile.txt" | cut -c1-1500
+grep -E "matmul|bandwidth|memory|power|dispatch|compiled|lowered in|measured in|bf16|fp32|all-reduce|all-gather|reduce-scatter|profiled|failed|timed out|Error" "$work/profile.txt" | cut -c1-1500
 keep
 fi
 

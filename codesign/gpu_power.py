@@ -48,7 +48,7 @@ class PowerLimits:
 
     def __init__(self, limits: Mapping[int, float], visible: str | None):
         self.limits = dict(limits)
-        self.visible = [v.strip() for v in visible.split(",")] if visible else None
+        self.visible = visible_names(visible)
         self.previous: dict[str, tuple[Any, int]] = {}  # device name -> (NVML handle, milliwatts)
         self.lock = threading.RLock()
         self.nvml: Any = None
@@ -74,8 +74,8 @@ class PowerLimits:
 
     def _set(self, device: int, watts: float) -> list[str]:
         nvml = self.nvml
-        name = self.visible[device] if self.visible else str(device)
-        handle = nvml.nvmlDeviceGetHandleByIndex(int(name)) if name.isdigit() else nvml.nvmlDeviceGetHandleByUUID(name)
+        name = visible_name(device, self.visible)
+        handle = device_handle(nvml, name)
         low, high = nvml.nvmlDeviceGetPowerManagementLimitConstraints(handle)
         wanted = round(watts * 1000)
         target = min(max(wanted, low), high)
@@ -94,6 +94,21 @@ class PowerLimits:
                     print(f"codesign guard: could not restore GPU {name}'s power limit to {milliwatts / 1000:g} W:"
                           f" {err}", file=sys.stderr, flush=True)
                 self.previous.pop(name, None)
+
+
+def visible_names(visible: str | None) -> list[str] | None:
+    """CUDA_VISIBLE_DEVICES as a list (None: unset, every GPU in NVML's order)."""
+    return [v.strip() for v in visible.split(",")] if visible else None
+
+
+def visible_name(device: int, visible: list[str] | None) -> str:
+    """What CUDA_VISIBLE_DEVICES calls a process's device `device` (an index, a GPU-/MIG- UUID)."""
+    return visible[device] if visible else str(device)
+
+
+def device_handle(nvml: Any, name: str) -> Any:
+    """NVML's handle of a device CUDA_VISIBLE_DEVICES names (NVML's indices ignore it)."""
+    return nvml.nvmlDeviceGetHandleByIndex(int(name)) if name.isdigit() else nvml.nvmlDeviceGetHandleByUUID(name)
 
 
 def from_env(env: Mapping[str, str] = os.environ) -> PowerLimits | None:

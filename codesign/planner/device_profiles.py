@@ -239,6 +239,11 @@ DATA_SHEETS = {"H100": DataSheet(80, 989e12, 495e12, 3.35e12, 700, 200, 80),
 MEMORY_BOUND_TDP, COMMUNICATION_TDP, FLOOR_TDP = 0.65, 0.45, 0.25
 
 
+def data_sheet(kind: str) -> DataSheet | None:
+    """The data sheet of a device kind such as "NVIDIA H100 80GB HBM3" (None: none listed)."""
+    return next((DATA_SHEETS[k] for k in DATA_SHEETS if k.lower() in kind.lower()), None)
+
+
 def data_sheet_power(sheet: DataSheet) -> PowerModel:
     return PowerModel(idle=sheet.idle, compute=sheet.tdp, memory=MEMORY_BOUND_TDP * sheet.tdp,
                       communication=COMMUNICATION_TDP * sheet.tdp, limits=(sheet.lowest_limit, sheet.tdp),
@@ -277,7 +282,7 @@ def with_power(profile: DeviceProfile) -> DeviceProfile:
     CPU's: the assumed one), so that every profile prices joules."""
     if profile.power is not None:
         return profile
-    sheet = next((DATA_SHEETS[k] for k in DATA_SHEETS if k.lower() in profile.kind.lower()), None)
+    sheet = data_sheet(profile.kind)
     power = data_sheet_power(sheet) if sheet else CPU_POWER if profile.shares_cores else None
     return dataclasses.replace(profile, power=power) if power else profile
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
@@ -26,6 +27,7 @@ from codesign.engine.probe.loops import INNER, LoopSizes, compiled, inner_count,
 from codesign.engine.probe.memory import device_memory, scratch_fraction, scratch_step
 from codesign.engine.probe.mixers import mixer_module
 from codesign.engine.probe.parts import Parts
+from codesign.engine.probe.power import WindowHook, idle_windows, measured_power, metered, open_meter
 from codesign.engine.programs import DTYPES
 from codesign.planner.device_profiles import (
     ENCODER_PAIR,
@@ -43,12 +45,13 @@ FLAT_STEP_ARRAYS = 6  # what a GPU's step call takes (engine.step.FlatView): par
 # and two moments, the batch's x and y (3 more a leaf kept whole, EngineOptions.whole_leaf)
 
 
-def matmul_rates(sizes: LoopSizes) -> dict[str, float]:
-    """FLOP/s of a square matmul per precision: bf16, and fp32 as XLA runs it (TF32 on an H100)."""
+def matmul_rates(sizes: LoopSizes, window: WindowHook | None = None) -> dict[str, float]:
+    """FLOP/s of a square matmul per precision: bf16, and fp32 as XLA runs it (TF32 on an H100);
+    `window` gets each precision's loop (compute-bound)."""
     n = sizes.matmul
     inners = [inner_count(2 * n**3)] * len(DTYPES)
     times = loop_times(compiled(looped([lambda c: (c[0], c[1], c[0] @ c[1])] * len(DTYPES), inners)),
-                       matmul_carries(n), sizes.seconds, inners)
+                       matmul_carries(n), sizes.seconds, inners, window)
     return {p: 2 * n**3 / t for p, t in zip(DTYPES, times)}
 
 
@@ -64,11 +67,12 @@ def stream_bytes(nbytes: int) -> int:
     return 2 * nbytes
 
 
-def stream_bandwidth(sizes: LoopSizes) -> float:
+def stream_bandwidth(sizes: LoopSizes, window: WindowHook | None = None) -> float:
     """Memory bytes/s: an fp32 array of sizes.stream bytes (on a GPU far past L2) read, added
-    to and written back in place, each iteration."""
+    to and written back in place, each iteration; `window` gets the loop (memory-bound)."""
     x = jnp.zeros((sizes.stream // 4,), jnp.float32)
-    [seconds] = loop_times(compiled(looped([lambda c: (c[0] + 1.0,)], [INNER])), ((x,),), sizes.seconds, [INNER])
+    [seconds] = loop_times(compiled(looped([lambda c: (c[0] + 1.0,)], [INNER])), ((x,),), sizes.seconds, [INNER],
+                           window)
     return stream_bytes(sizes.stream) / seconds
 
 
@@ -186,8 +190,9 @@ def collective_body(kind: str) -> Callable[[tuple], tuple]:
     return lambda c: (c[0], ops[kind](c[0]))
 
 
-def collective_times(sizes: LoopSizes) -> dict[str, list[list[float]]]:
-    """Per collective, (bytes, seconds) at each size, over every local device."""
+def collective_times(sizes: LoopSizes, window: WindowHook | None = None) -> dict[str, list[list[float]]]:
+    """Per collective, (bytes, seconds) at each size, over every local device; `window` gets the
+    largest all-reduce's loop (the collective nearest its bandwidth)."""
     devices = jax.devices()
     n = len(devices)
     mesh = Mesh(np.array(devices), ("d",))
@@ -202,7 +207,9 @@ def collective_times(sizes: LoopSizes) -> dict[str, list[list[float]]]:
     run = looped([collective_body(kind) for kind, _ in points], inners)
     specs = tuple((P("d"), P("d")) for _ in points)
     sharded = jax.shard_map(run, mesh=mesh, in_specs=(specs, P()), out_specs=specs, check_vma=False)
-    times = loop_times(compiled(sharded), tuple(carries), sizes.seconds, inners)
+    largest = points.index(("all-reduce", max(sizes.collectives)))
+    times = loop_times(compiled(sharded), tuple(carries), sizes.seconds, inners,
+                       window and (lambda i, call: window(i, call) if i == largest else None))
     found: dict[str, list[list[float]]] = {}
     for (kind, size), seconds in zip(points, times):
         found.setdefault(kind, []).append([size, seconds])
@@ -247,12 +254,16 @@ def lowered_programs(parts: Parts, sizes: LoopSizes,
 
 def loop_profile(parts: Parts, sizes: LoopSizes) -> DeviceProfile:
     """A GPU's profile (or, with small sizes, the same path on CPU) from loop-timed sections."""
-    device, n = jax.devices()[0], len(jax.devices())
-    peaks = parts.get("matmul", lambda: matmul_rates(sizes))
+    devices = jax.devices()
+    device, n = devices[0], len(devices)
+    meter = open_meter(device.platform, [d.local_hardware_id for d in devices], os.environ.get("CUDA_VISIBLE_DEVICES"))
+    windows: dict[str, list] = {}
+    peaks, windows["compute"] = metered(parts, "matmul", lambda hook: matmul_rates(sizes, hook), meter, 1)
     log.info("  matmul: %s", ", ".join(f"{p} {r:.3g} FLOP/s" for p, r in peaks.items()))
-    memory = parts.get("bandwidth", lambda: stream_bandwidth(sizes))
+    memory, windows["memory"] = metered(parts, "bandwidth", lambda hook: stream_bandwidth(sizes, hook), meter, 1)
     log.info("  memory bandwidth: %.3g B/s (%.3g GiB read and written per iteration)", memory,
              stream_bytes(sizes.stream) / 2**30)
+    windows["idle"] = parts.get("idle energy", lambda: idle_windows(meter))
     dispatch = parts.get("dispatch", lambda: measured(dispatch_time(5, FLAT_STEP_ARRAYS)))
     log.info("  dispatch: %.1f us per call of a program of %d arrays", dispatch * 1e6, FLAT_STEP_ARRAYS)
     sections: dict[str, MixerSection] = {}
@@ -270,8 +281,11 @@ def loop_profile(parts: Parts, sizes: LoopSizes) -> DeviceProfile:
                                                      peaks[precision], sizes.batches[0] / sizes.batches[-1])))
                     log.info("  %s %s: %s", precision, rated, table[-1][1])
         rates.append((precision, tuple(table)))
-    link = fitted_link(parts.get("collectives", lambda: collective_times(sizes)), n) if n > 1 else None
-    if link is not None:
+    link = None
+    if n > 1:
+        times, windows["communication"] = metered(parts, "collectives", lambda hook: collective_times(sizes, hook),
+                                                  meter, n)
+        link = fitted_link(times, n)
         log.info("  link between local devices: %s", link)
     gpu = device.platform != "cpu"
     return DeviceProfile(kind=device.device_kind, platform="gpu" if gpu else "cpu", memory=device_memory(device),
@@ -279,4 +293,5 @@ def loop_profile(parts: Parts, sizes: LoopSizes) -> DeviceProfile:
                          activation_share=GPU_ACTIVATION_SHARE if gpu else 1.0,
                          link=link, update_scratch=parts.get("scratch", lambda: scratch_fraction(
                              programs["scratch", "step"], sizes.widths[0])),
-                         roofline=False, versions=tuple(sorted(library_versions().items())), source="measured")
+                         roofline=False, power=measured_power(device.device_kind, windows, meter),
+                         versions=tuple(sorted(library_versions().items())), source="measured")

@@ -3,6 +3,7 @@ device time (per-call timing on a GPU measures the host), and the sizes each loo
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import time
@@ -69,11 +70,12 @@ def looped(bodies: Sequence[Callable[[Any], Any]], inners: Sequence[int]) -> Cal
 
 
 def loop_times(run: Callable[[tuple, jax.Array], tuple], carries: tuple, seconds: float,
-               inners: Sequence[int]) -> list[float]:
+               inners: Sequence[int], window: Callable[[int, Callable[[], float]], None] | None = None) -> list[float]:
     """Seconds per iteration of each loop of `run` (compiled, carries donated; inners: the
     iterations per trip of each): (wall of a long loop - wall of one trip) / the iterations
     between them, so the launch and the sync cancel; each loop long enough for `seconds` of
-    device time, the fastest of LOOP_REPEATS."""
+    device time, the fastest of LOOP_REPEATS. `window` (an energy meter's) is handed each loop,
+    once timed, with a call of its long run to repeat."""
     state, count = [carries], len(carries)
 
     def wall(i: int, trips: int) -> float:
@@ -95,6 +97,8 @@ def loop_times(run: Callable[[tuple, jax.Array], tuple], carries: tuple, seconds
                 break
             trips *= 4
         found.append(max(long - short, 1e-12) / (trips * inners[i]))
+        if window is not None:
+            window(i, functools.partial(wall, i, 1 + trips))
     return found
 
 

@@ -26,9 +26,13 @@ class Parts:
         """The section's data: kept from an earlier run, else measured now and saved."""
         if name not in self.data:
             start = time.perf_counter()
-            self.data[name] = measure()
+            self.keep(name, measure())
             log.info("  (%s measured in %.1f s)", name, time.perf_counter() - start)
-            scratch = self.path.with_name(self.path.name + ".tmp")
-            scratch.write_text(json.dumps(self.data))
-            os.replace(scratch, self.path)
         return self.data[name]
+
+    def keep(self, name: str, data: Any) -> None:
+        """Save a section's data, measured with another's."""
+        self.data[name] = data
+        scratch = self.path.with_name(self.path.name + ".tmp")
+        scratch.write_text(json.dumps(self.data))
+        os.replace(scratch, self.path)
