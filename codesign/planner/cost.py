@@ -38,7 +38,7 @@ from codesign.planner.formulas import (
     point_to_point,
     reduce_scatter,
 )
-from codesign.planner.plan import Plan, StagePlan, make_plan
+from codesign.planner.plan import Plan, StagePlan, make_plan, stage_kind
 from codesign.planner.device_profiles import (
     ENCODER_PAIR,
     LAYER,
@@ -429,9 +429,9 @@ def stage_cost(w: Workload, stage: StagePlan, index: int, plan: Plan, busy: int,
     if np.any(gather):
         communication["dp all-gather (ZeRO-2)"] = gather
     accumulate = accumulate_time(memory.grads, w.profile, memory_share(w.profile, busy), micro)
-    if once:
-        return StageCost(fwd, bwd + accumulate, update + sync, communication, memory, compute.overheads)
-    return StageCost(fwd, bwd + sync + accumulate, update, communication, memory, compute.overheads)
+    cost = (StageCost(fwd, bwd + accumulate, update + sync, communication, memory, compute.overheads) if once
+            else StageCost(fwd, bwd + sync + accumulate, update, communication, memory, compute.overheads))
+    return cost.calibrated(w.profile.time_factor(stage_kind(pp, mesh.dp, mesh.op, micro)), w.profile.memory_factor)
 
 
 def launches(kind: str, stage: int, pp: int) -> int:

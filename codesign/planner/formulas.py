@@ -3,6 +3,7 @@ call, Adam and gradient accumulation as memory traffic. Pure Python; planner.cos
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,6 +45,16 @@ class StageCost:
     communication: dict[str, float]  # collective -> seconds per iteration, included in the above
     memory: Memory
     overheads: float = 0.0  # of forward and backward, the fixed costs per call (Compute.overheads)
+
+    def calibrated(self, time: float, memory: float) -> StageCost:
+        """Its seconds times `time`, its bytes times `memory` (a calibration's factors, planner.learning)."""
+        if time == 1 and memory == 1:
+            return self
+        held = Memory(*(getattr(self.memory, f.name) * memory for f in dataclasses.fields(Memory)))
+        return dataclasses.replace(
+            self, forward=self.forward * time, backward=self.backward * time, update=self.update * time,
+            communication={k: v * time for k, v in self.communication.items()}, overheads=self.overheads * time,
+            memory=held)
 
 
 @dataclass(frozen=True)
