@@ -16,6 +16,7 @@ fall; memory: at most 5% below by > 5%, median over-prediction <= 15%.
 
     python bench/bench_learning.py                  # about 15 minutes on two idle cores
     python bench/bench_learning.py --out DIR        # keep the DBs and the cache in DIR
+    python bench/bench_learning.py --jobs 2         # a smoke run: two jobs per sweep
 """
 
 from __future__ import annotations
@@ -46,11 +47,14 @@ FIRST, OTHER = BENCH / "learning_cpu.toml", BENCH / "learning_cpu_other.toml"
 UNDER = 0.05  # a predicted peak below the measured by more than this is an under-prediction
 
 
-def sweep(config_path: Path, db: Path, cache: Path, learning: bool, seed: int, timeout: float) -> list[dict]:
-    """Run the config's jobs in a seeded shuffled order; its attempts, in the order they ran."""
+def sweep(config_path: Path, db: Path, cache: Path, learning: bool, seed: int, timeout: float,
+          jobs: int | None = None) -> list[dict]:
+    """Run the config's jobs (the first `jobs` of them) in a seeded shuffled order; its attempts,
+    in the order they ran."""
     config = load_config(str(config_path))
     planned = list(enumerate_jobs(config, Hosts.local(0)))
     random.Random(seed).shuffle(planned)
+    planned = planned[:jobs]
     profiles = profiles_for(Hosts.local(0), cache=ProfileCache(cache), learning=learning)
     store = Store(db)
     try:
@@ -68,7 +72,7 @@ def time_errors(rows: list[dict]) -> np.ndarray:
 
 
 def thirds(errors: np.ndarray) -> list[float]:
-    return [float(np.median(part)) for part in np.array_split(errors, 3)]
+    return [float(np.median(part)) if len(part) else float("nan") for part in np.array_split(errors, 3)]
 
 
 def rank_correlations(rows: list[dict]) -> dict[str, float]:
@@ -95,8 +99,9 @@ def memory_figures(rows: list[dict]) -> tuple[float, float, int]:
 def run_to_run(rows: list[dict], again: list[dict]) -> float:
     """The median |median2 / median - 1| of the jobs both runs measured: the noise the errors sit on."""
     first = {r["job_key"]: r["median"] for r in rows if r["status"] == SUCCEEDED and r["median"]}
-    return float(np.median([abs(r["median"] / first[r["job_key"]] - 1) for r in again
-                            if r["status"] == SUCCEEDED and r["median"] and r["job_key"] in first]))
+    both = [abs(r["median"] / first[r["job_key"]] - 1) for r in again
+            if r["status"] == SUCCEEDED and r["median"] and r["job_key"] in first]
+    return float(np.median(both)) if both else float("nan")
 
 
 def calibrations(cache: Path) -> list[dict]:
@@ -117,6 +122,7 @@ def main() -> int:
     parser.add_argument("--out", type=Path, help="Keep the DBs and profile caches here (default: a temp folder).")
     parser.add_argument("--seed", type=int, default=49, help="Seed of the jobs' shuffled order.")
     parser.add_argument("--timeout", type=float, default=300.0, help="Seconds before a job is killed.")
+    parser.add_argument("--jobs", type=int, help="Run only the first N jobs of each sweep (a smoke run).")
     args = parser.parse_args()
     out = args.out or Path(tempfile.mkdtemp(prefix="codesign-bench-learning-"))
     out.mkdir(parents=True, exist_ok=True)
@@ -124,9 +130,9 @@ def main() -> int:
         os.environ.pop(name, None)
     learned, unlearned = out / "cache-learning", out / "cache-none"
     began, load = time.monotonic(), os.getloadavg()[0]
-    with_rows = sweep(FIRST, out / "learning.db", learned, True, args.seed, args.timeout)
-    without_rows = sweep(FIRST, out / "no-learning.db", unlearned, False, args.seed, args.timeout)
-    other_rows = sweep(OTHER, out / "other.db", learned, True, args.seed, args.timeout)
+    with_rows = sweep(FIRST, out / "learning.db", learned, True, args.seed, args.timeout, args.jobs)
+    without_rows = sweep(FIRST, out / "no-learning.db", unlearned, False, args.seed, args.timeout, args.jobs)
+    other_rows = sweep(OTHER, out / "other.db", learned, True, args.seed, args.timeout, args.jobs)
     print(f"bench_learning: {time.monotonic() - began:.0f} s wall, load {load:.1f} at the start, "
           f"{os.getloadavg()[0]:.1f} at the end; DBs and caches in {out}")
     errors = print_sweep("with learning   ", with_rows)
@@ -139,7 +145,8 @@ def main() -> int:
           + ", ".join(f"{e:.1%}" for e in other[:5]))
     for name, rows in (("with learning", with_rows), ("without learning", without_rows), ("second sweep", other_rows)):
         rhos = rank_correlations(rows)
-        print(f"rank correlation per (model, cluster), {name}: mean {np.mean(list(rhos.values())):.2f}; "
+        mean = f"{np.mean(list(rhos.values())):.2f}" if rhos else "n/a (no group of 3 attempts)"
+        print(f"rank correlation per (model, cluster), {name}: mean {mean}; "
               + "; ".join(f"{k}: {v:.2f}" for k, v in rhos.items()))
     for name, rows in (("learning (both sweeps)", with_rows + other_rows), ("without learning", without_rows)):
         under, over, n = memory_figures(rows)

@@ -129,6 +129,7 @@ BENCH_SMOKE = {  # "{db}": a copy of the 0.1.0 results DB
     "bench_plans.py": ["-c", str(DATA / "results_v0.1.0.toml"), "--timeout", "120"],
     "bench_report.py": ["--attempts", "200"],
     "bench_auto.py": ["--models", "tiny", "--devices", "1", "--micro", "1", "--iters", "3", "--confirm", "1"],
+    "bench_learning.py": ["--jobs", "2"],
 }
 
 
