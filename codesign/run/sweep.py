@@ -393,7 +393,7 @@ class Sweep:
         return outcome, chosen
 
     def learn(self, attempt: Attempt, outcome: Outcome) -> None:
-        """The cost model learns from the recorded attempt; a failure to says so and the sweep goes on."""
+        """The cost model learns from the recorded attempt; a failure to learn is logged and the sweep goes on."""
         try:
             self.pricing.learn(attempt.item.job, outcome, f"{Path(self.store.path).resolve()}#{attempt.attempt_id}")
         except Exception:
