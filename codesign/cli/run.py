@@ -45,6 +45,9 @@ def build_parser(prog: str = "codesign run") -> argparse.ArgumentParser:
                         help="Jobs running at once. Default: on Ray, [ray] max_concurrent (else as many as the "
                              "cluster's resources allow); here, GPU jobs side by side on disjoint GPUs and CPU "
                              "jobs one at a time. 1: every job alone.")
+    parser.add_argument("--no-learning", action="store_true",
+                        help="Price with this machine's profile as it is: do not refit its calibration from "
+                             "the attempts measured here, nor use the one fitted before.")
     return parser
 
 
@@ -53,7 +56,7 @@ def main(argv: list[str], prog: str = "codesign run") -> int:
     args = build_parser(prog).parse_args(argv)
     setup_logging(args.verbose)
     config = load_config(args.config)
-    with session(config, args.db, args.ray_address or config.ray.address) as here:
+    with session(config, args.db, args.ray_address or config.ray.address, not args.no_learning) as here:
         planned = list(enumerate_jobs(config, here.hosts))
         if args.dry_run:
             print_dry_run(planned, args.db, args.retry_failed, sys.stdout)

@@ -63,12 +63,13 @@ class Session:
 
 
 @contextlib.contextmanager
-def session(config: Config, db: str, address: str | None) -> Iterator[Session]:
+def session(config: Config, db: str, address: str | None, learning: bool = True) -> Iterator[Session]:
     """The command's session, connected to the Ray cluster throughout where there is an address;
-    a simulated cluster's device kind is checked before anything runs."""
+    a simulated cluster's device kind is checked before anything runs. `learning`: this machine's
+    calibration is used and refitted (run.learning)."""
     with ray_session(address):
         hosts = config_hosts(config, address)
-        found = Session(config, db, address, hosts, profiles(hosts, db, address))
+        found = Session(config, db, address, hosts, profiles(hosts, db, address, learning))
         check_devices(config, found.profiles.book)
         yield found
 
@@ -99,13 +100,14 @@ def config_hosts(config: Config, address: str | None) -> Hosts:
     return discovery.local_hosts(any(c.platform in ("gpu", "auto") for c in config.clusters))
 
 
-def profiles(hosts: Hosts, db: str, address: str | None) -> Profiles:
-    """The profiles a command prices with: built-in, the DB's measured copies, this machine's cache."""
+def profiles(hosts: Hosts, db: str, address: str | None, learning: bool = True) -> Profiles:
+    """The profiles a command prices with: built-in, the DB's measured copies, this machine's cache
+    (under its latest calibration, where learning)."""
     from codesign.run.profile_cache import profiles_for
 
     store = Store.open_if_exists(db)
     try:
-        return profiles_for(hosts, store, on_ray=bool(address), jax_cache=jax_cache(db))
+        return profiles_for(hosts, store, on_ray=bool(address), jax_cache=jax_cache(db), learning=learning)
     finally:
         if store:
             store.close()

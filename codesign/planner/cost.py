@@ -35,7 +35,7 @@ from codesign.planner.formulas import (
     call_time,
     reduce_scatter,
 )
-from codesign.planner.plan import Plan, StagePlan, make_plan
+from codesign.planner.plan import Plan, StagePlan, make_plan, stage_kind
 from codesign.planner.device_profiles import (
     ENCODER_PAIR,
     LAYER,
@@ -362,9 +362,10 @@ def stage_cost(w: Workload, stage: StagePlan, index: int, plan: Plan, busy: int,
     accumulate = accumulate_time(memory.grads, w.profile, memory_share(w.profile, busy), micro)
     traffic = (REMAT_TRAFFIC if plan.remat else 1.0) * compute.traffic + compute.overheads
     memory_bound = micro * (traffic + accumulate) + update - gather
-    if once:
-        return StageCost(fwd, bwd + accumulate, update + sync, communication, memory, compute.overheads, memory_bound)
-    return StageCost(fwd, bwd + sync + accumulate, update, communication, memory, compute.overheads, memory_bound)
+    cost = (StageCost(fwd, bwd + accumulate, update + sync, communication, memory, compute.overheads, memory_bound)
+            if once else
+            StageCost(fwd, bwd + sync + accumulate, update, communication, memory, compute.overheads, memory_bound))
+    return cost.calibrated(w.profile.time_factor(stage_kind(pp, mesh.dp, mesh.op, micro)), w.profile.memory_factor)
 
 
 def predict(job: Job, book: ProfileBook, links: Iterable[LinkSpec] = ()) -> dict[str, object]:

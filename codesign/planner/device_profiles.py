@@ -144,6 +144,12 @@ class DeviceProfile:
     power: PowerModel | None = None  # None: energy is not priced (a profile from before power models)
     versions: tuple[tuple[str, str], ...] = ()
     source: str = "built-in"
+    # What this machine's calibration learned from its measured attempts (planner.learning): a
+    # factor on each stage's seconds per plan kind (plan.stage_kind), one on its peak bytes (an
+    # upper bound), and the calibration's version (0: none)
+    plan_factors: tuple[tuple[str, float], ...] = ()
+    memory_factor: float = 1.0
+    calibration: int = 0
 
     def rate(self, precision: str, kind: str) -> Rate:
         table = dict(self.rates)
@@ -157,6 +163,14 @@ class DeviceProfile:
         ns, speeds = zip(*self.speedup)
         return float(np.interp(busy, ns, speeds)) / busy
 
+    def time_factor(self, kind: str) -> float:
+        return dict(self.plan_factors).get(kind, 1.0)
+
+    @property
+    def least_time_factor(self) -> float:
+        """No plan kind is priced below its uncalibrated seconds times this (for lower bounds)."""
+        return min((1.0, *(f for _, f in self.plan_factors)))
+
     @property
     def shares_cores(self) -> bool:
         """Virtual CPU devices: they, and the host launching their programs, share one machine.
@@ -169,7 +183,9 @@ class DeviceProfile:
         data["speedup"] = [list(s) for s in self.speedup]
         data["versions"] = dict(self.versions)
         data["power"] = self.power.to_dict() if self.power else None
-        for name, unset in (("activation_share", 1.0), ("cores", 0), ("power", None)):  # profiles from before them keep their ids
+        data["plan_factors"] = dict(self.plan_factors)
+        for name, unset in (("activation_share", 1.0), ("cores", 0), ("power", None), ("plan_factors", {}),
+                            ("memory_factor", 1.0), ("calibration", 0)):  # profiles from before them keep their ids
             if data[name] == unset:
                 del data[name]
         return data
@@ -190,7 +206,9 @@ class DeviceProfile:
                    lockstep=float(data.get("lockstep", 0.0)),
                    roofline=bool(data.get("roofline", True)), cores=int(data.get("cores", 0)),
                    power=PowerModel.from_dict(data["power"]) if data.get("power") else None,
-                   versions=tuple(sorted(data.get("versions", {}).items())), source=data.get("source", "measured"))
+                   versions=tuple(sorted(data.get("versions", {}).items())), source=data.get("source", "measured"),
+                   plan_factors=tuple(sorted((k, float(f)) for k, f in data.get("plan_factors", {}).items())),
+                   memory_factor=float(data.get("memory_factor", 1.0)), calibration=int(data.get("calibration", 0)))
 
 
 # Public figures, per direction: NVLink 4 is 450 GB/s (H100/H200 SXM), of which a ring reaches

@@ -169,8 +169,9 @@ def fast_pass(pricer: Pricer, block: search.Block, index: np.ndarray, base: Mode
     flops = sum(p.work.flops[r] for p, r in zip(prices, rows))
     micro, n = pricer.job.num_micro_batches, pricer.n
     solo = [p.solo[r] for p, r in zip(prices, rows)]  # [candidate, 2] per layer
-    bound = np.maximum(3 * flops * pricer.job.global_batch / (n * _peak(pricer.profile, pricer.training.precision)),
-                       micro * sum(s.sum(axis=1) for s in solo) / n)
+    bound = pricer.profile.least_time_factor * np.maximum(
+        3 * flops * pricer.job.global_batch / (n * _peak(pricer.profile, pricer.training.precision)),
+        micro * sum(s.sum(axis=1) for s in solo) / n)
     terms = (_layer_terms(pricer, prices, rows, solo, _proxy(base, block.layers)) if pricer.pipelines
              else np.zeros((len(index), 0, len(TERMS))))
     return Fast(np.where(fits.any(axis=1), pick(seconds), np.inf),

@@ -3,6 +3,7 @@ call, Adam and gradient accumulation as memory traffic. Pure Python; planner.cos
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass
 from typing import Any, Iterable
@@ -49,6 +50,16 @@ class StageCost:
     overheads: float = 0.0  # of forward and backward, the fixed costs per call (Compute.overheads)
     memory_bound: Any = 0.0  # seconds per iteration of memory traffic and fixed costs per call,
     # included in the above: the time a lower clock does not stretch (planner.power)
+
+    def calibrated(self, time: float, memory: float) -> StageCost:
+        """Its seconds times `time`, its bytes times `memory` (a calibration's factors, planner.learning)."""
+        if time == 1 and memory == 1:
+            return self
+        held = Memory(*(getattr(self.memory, f.name) * memory for f in dataclasses.fields(Memory)))
+        return dataclasses.replace(
+            self, forward=self.forward * time, backward=self.backward * time, update=self.update * time,
+            communication={k: v * time for k, v in self.communication.items()}, overheads=self.overheads * time,
+            memory_bound=self.memory_bound * time, memory=held)
 
 
 @dataclass(frozen=True)

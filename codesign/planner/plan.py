@@ -107,6 +107,14 @@ def plan_name(plan: Plan) -> str:
     return " ".join(parts + ["batch@op"] * (plan.batch_axis == "op") + _layout(stages))
 
 
+def stage_kind(pp: int, dp: int, op: int, micro: int) -> str:
+    """A stage's plan kind, what a calibration keeps a time factor under (planner.learning): "dp",
+    "op", "dp x op", "pp x dp"..., "single"; one program accumulating micro-batches is its own kind
+    ("dp, accumulating"): its steps run another program than one micro-batch's."""
+    kind = " x ".join(axis for axis, n in (("pp", pp), ("dp", dp), ("op", op)) if n > 1) or "single"
+    return f"{kind}, accumulating" if pp == 1 and micro > 1 else kind
+
+
 def _per_stage(values: list[int]) -> str:
     return str(values[0]) if len(set(values)) == 1 else "[" + ",".join(map(str, values)) + "]"
 

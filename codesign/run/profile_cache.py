@@ -29,6 +29,7 @@ import platformdirs
 from codesign.planner.device_profiles import DeviceProfile, ProfileBook, builtin_kind, library_versions
 from codesign.config.hosts import Hosts
 from codesign.run.device_env import device_env
+from codesign.run.learning import Learner, learning_enabled
 from codesign.store.database import Store
 
 log = logging.getLogger(__name__)
@@ -152,6 +153,7 @@ class Profiles:
     cache: ProfileCache | None = None  # None: never measure (Ray, CODESIGN_PROFILE=builtin)
     jax_cache: str | None = None
     tried: set[str] = field(default_factory=set)  # platforms measured (or failed) in this command
+    learners: dict[str, Learner] = field(default_factory=dict)  # platform -> its calibration (none: not learning)
 
     def has_measured(self, platform: str) -> bool:
         """No measuring to do for the platform: done, tried, or not allowed here."""
@@ -163,16 +165,24 @@ class Profiles:
             self.tried.add(platform)
             profile = measure(self.machines[platform], self.cache, self.jax_cache, check_stop=check_stop)
             if profile is not None:
-                self.book.add(profile)
                 self.book.local[platform] = profile.kind
+                self.use(platform, profile)
         return self.book
+
+    def use(self, platform: str, base: DeviceProfile) -> None:
+        """Price the platform's jobs by this base profile, under its latest calibration where learning."""
+        if platform in self.learners:
+            self.learners[platform] = Learner.load(self.machines[platform], self.cache, base)
+            base = self.learners[platform].profile
+        self.book.add(base)
 
 
 def profiles_for(hosts: Hosts, store: Store | None = None, on_ray: bool = False,
-                 cache: ProfileCache | None = None, jax_cache: str | None = None) -> Profiles:
+                 cache: ProfileCache | None = None, jax_cache: str | None = None, learning: bool = True) -> Profiles:
     """The profiles at hand for jobs on these hosts: built-in ones, the DB's measured copies of
-    other machines' kinds (for simulated clusters), then this machine's cached ones. On Ray, the
-    jobs' nodes are priced by their kind's built-in profile, never by this machine's."""
+    other machines' kinds (for simulated clusters), then this machine's cached ones, each under
+    its latest accepted calibration (run.learning) unless `learning` is off. On Ray, the jobs'
+    nodes are priced by their kind's built-in profile, never by this machine's."""
     book = ProfileBook()
     gpu = builtin_kind(hosts.gpu_kind) or hosts.gpu_kind or "H100"
     book.local.update(gpu=gpu, auto=gpu)
@@ -189,7 +199,11 @@ def profiles_for(hosts: Hosts, store: Store | None = None, on_ray: bool = False,
     for platform, machine in machines.items():
         profile = cache.load(machine)
         if profile is not None:
-            book.add(profile)
             book.local[platform] = profile.kind
             found.tried.add(platform)
+        base = profile or book.profiles.get(book.local[platform])
+        if learning and learning_enabled() and base is not None:
+            found.learners[platform] = Learner(machine, cache, base)
+        if base is not None:
+            found.use(platform, base)
     return found

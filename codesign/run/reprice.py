@@ -20,9 +20,10 @@ from codesign.store.database import Store
 
 
 def with_provenance(found: dict[str, Any], profile: DeviceProfile, links: Iterable[LinkSpec]) -> dict[str, Any]:
-    """A prediction as an attempt records it: which profile, links and cost model made it (a
-    simulated attempt is re-priced when they change)."""
-    return {**found, "prediction": {**found["prediction"], "links": [dataclasses.asdict(link) for link in links]},
+    """A prediction as an attempt records it: which profile, links, calibration (its version,
+    None uncalibrated) and cost model made it (a simulated attempt is re-priced when they change)."""
+    return {**found, "prediction": {**found["prediction"], "links": [dataclasses.asdict(link) for link in links],
+                                    "calibration": profile.calibration or None},
             "profile_id": profile_id(profile), "cost_model": COST_MODEL_VERSION}
 
 

@@ -35,6 +35,7 @@ from codesign.planner.plan import Plan, make_plan
 from codesign.planner.power_limits import by_device
 from codesign.planner.device_profiles import DeviceProfile, ProfileBook, profile_id
 from codesign.run.profile_cache import Profiles
+from codesign.run.learning import point_of
 from codesign.run.reprice import prediction, stale, with_provenance
 from codesign.config.loader import LinkSpec
 from codesign.config.jobs import PlannedJob, job_timeout
@@ -174,6 +175,13 @@ class Pricing:
 
     profiles: Profiles = field(default_factory=lambda: Profiles(ProfileBook()))
     links: tuple[LinkSpec, ...] = ()
+    priced_by: dict[str, DeviceProfile] = field(default_factory=dict)  # profile id -> each profile that priced
+
+    def provenance(self, found: dict[str, Any], job: Job) -> dict[str, Any]:
+        """A prediction with what made it; the profile kept by its id, which a refit may replace in the book."""
+        profile = self.book.for_job(job)
+        self.priced_by[profile_id(profile)] = profile
+        return with_provenance(found, profile, self.links)
 
     @property
     def book(self) -> ProfileBook:
@@ -186,8 +194,7 @@ class Pricing:
         outcome = invalid_outcome(job)
         if outcome:
             return Prepared(outcome=outcome)
-        return Prepared(prediction=with_provenance(predict(job, self.book, self.links), self.book.for_job(job),
-                                                   self.links))
+        return Prepared(prediction=self.provenance(predict(job, self.book, self.links), job))
 
     def choose(self, job: Job) -> Prepared:
         """Search the plan space of an Auto search job: its auto_trials best plans, the best's
@@ -204,8 +211,17 @@ class Pricing:
 
     def predicted(self, job: Job, candidate: Candidate) -> dict[str, Any]:
         """A chosen plan's prediction, recorded as a manual plan's is."""
-        profile = self.book.for_job(job)
-        return with_provenance(recorded(candidate.estimate, profile), profile, self.links)
+        return self.provenance(recorded(candidate.estimate, self.book.for_job(job)), job)
+
+    def learn(self, job: Job, outcome: Outcome, source: str) -> None:
+        """A measured attempt of this machine is a point of its cost model; jobs priced after a
+        refit it accepted are priced by the new calibration (run.learning)."""
+        learner = self.profiles.learners.get(job.platform)
+        if learner is None or job.cluster.is_simulated:
+            return
+        point = point_of(job, outcome, self.links, source, profile_id(learner.base))
+        if point is not None and learner.learn(point):
+            self.book.add(learner.profile)
 
     def with_trials(self, job: Job, outcome: Outcome, candidates: Sequence[Candidate]) -> Outcome:
         """A job that trialled several chosen plans ran the fastest as measured: its prediction
@@ -357,6 +373,8 @@ class Sweep:
         if not closed:
             log.warning("attempt %d was closed by another orchestrator; its outcome %s is dropped",
                         attempt.attempt_id, outcome.status)
+        else:
+            self.learn(attempt, outcome)
         self.summary.statuses[outcome.status] += 1
         self.progress.update()
         log.info("job %s: %s%s", attempt.item.key[:12], outcome.status,
@@ -373,10 +391,19 @@ class Sweep:
         if attempt.log is not None and attempt.log.exists():
             outcome.metrics["log_path"] = str(attempt.log)
         if "profile_id" in outcome.metrics:
-            self.keep_profile(self.pricing.book.for_job(job))
+            priced = self.pricing.priced_by.get(outcome.metrics["profile_id"])
+            self.keep_profile(priced or self.pricing.book.for_job(job))
         chosen = plan_columns(Plan.from_dict(outcome.chosen_plan), job.cluster.num_devices_per_host) \
             if outcome.chosen_plan else {}
         return outcome, chosen
+
+    def learn(self, attempt: Attempt, outcome: Outcome) -> None:
+        """The cost model learns from the recorded attempt; a failure to learn is logged and the sweep goes on."""
+        try:
+            self.pricing.learn(attempt.item.job, outcome, f"{Path(self.store.path).resolve()}#{attempt.attempt_id}")
+        except Exception:
+            log.warning("attempt %d: the cost model could not learn from it:\n%s", attempt.attempt_id,
+                        traceback.format_exc())
 
     def keep_profile(self, profile: DeviceProfile) -> None:
         """The DB keeps a copy of every profile that priced one of its attempts."""

@@ -1,0 +1,205 @@
+"""The cost model that learns: a machine's calibration, refitted from the attempts measured on it.
+
+A point is one attempt measured on the machine: its job, the plan that ran, the links it was
+priced with, its measured step time and peak. A refit fits the profile's COMPONENTS
+(planner.calibration) and a time factor per plan kind (plan.stage_kind: each kind errs on its own
+side) to the points, by least squares of relative error drawn toward the base profile; it is kept
+only when its error on held-out points (k-fold) is lower than the current calibration's on the
+same points. Memory is learned as an upper bound (an under-prediction is an OOM): a high quantile
+of the factor each point's peak needs. Pure (numpy, scipy, the cost model); run.learning keeps
+the points and every version per machine.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+from scipy.optimize import least_squares
+
+from codesign.config.loader import LinkSpec
+from codesign.config.types import Job
+from codesign.outcome import OOM
+from codesign.planner.calibration import COMPONENTS, FACTOR_BOUNDS, FACTOR_PRIOR, scaled
+from codesign.planner.cost import Workload, estimate
+from codesign.planner.device_profiles import DeviceProfile, profile_id
+from codesign.planner.formulas import Estimate
+from codesign.planner.plan import Plan, stage_kind
+
+MIN_POINTS = 6  # measured points before the first refit: fewer pin no factor
+GROWTH = 1.2  # refit once the points have grown by a fifth since the last fit (Ansor's rule)
+FOLDS = 5  # the held-out error's folds (leave-one-out below that many points)
+MEMORY_QUANTILE = 0.95  # the memory bound covers this share of the points' peaks
+
+
+@dataclass(frozen=True)
+class Point:
+    """One attempt measured on this machine, with what prices it again."""
+
+    job: Job
+    plan: Plan  # the plan that ran: the toolkit's choice, or the manual spec's
+    links: tuple[LinkSpec, ...]
+    status: str  # "succeeded", or "oom": a memory point whose peak is above the device's memory
+    seconds: float | None  # measured median seconds per iteration (None: oom)
+    peak: float | None  # measured peak bytes per device
+    source: str  # "DB#attempt id": which attempt of which DB it is (no DB is read back for it)
+    base: str = ""  # the profile id of the machine's base profile when it was measured
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"job": self.job.to_dict(), "plan": self.plan.to_dict(),
+                "links": [dataclasses.asdict(link) for link in self.links], "status": self.status,
+                "seconds": self.seconds, "peak": self.peak, "source": self.source, "base": self.base}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Point:
+        return cls(Job.from_dict(data["job"]), Plan.from_dict(data["plan"]),
+                   tuple(LinkSpec(**link) for link in data["links"]), data["status"], data["seconds"],
+                   data["peak"], data["source"], data.get("base", ""))
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """One version of a machine's calibration: what it scales, how well it did, and whether it was kept."""
+
+    version: int
+    base: str  # profile id of the profile it calibrates
+    factors: tuple[tuple[str, float], ...]  # COMPONENTS -> factor, as calibration.scaled takes them
+    plan_factors: tuple[tuple[str, float], ...]  # plan kind -> factor on its stages' seconds
+    memory_factor: float  # on a stage's peak bytes
+    points: int  # how many points its time factors were fitted to (the first of the machine's)
+    # mean |predicted / measured - 1| over the points the previous calibration was not fitted to,
+    # each priced by a fit without it; and the previous calibration's (or base profile's) on them
+    held_out_error: float
+    previous_error: float
+    accepted: bool
+    created: float  # seconds since the epoch
+    memory_only: bool = False  # the previous time factors, under a memory bound a measured peak raised
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**dataclasses.asdict(self), "factors": dict(self.factors), "plan_factors": dict(self.plan_factors)}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Calibration:
+        return cls(**{**data, "factors": tuple(data["factors"].items()),
+                      "plan_factors": tuple(data["plan_factors"].items())})
+
+
+def calibrated(base: DeviceProfile, calibration: Calibration | None) -> DeviceProfile:
+    """The base profile as the calibration prices: its components scaled, its plan kinds' and
+    memory factors set, its version named (so its profile id is its own)."""
+    if calibration is None:
+        return base
+    return dataclasses.replace(scaled(base, dict(calibration.factors)), plan_factors=calibration.plan_factors,
+                               memory_factor=calibration.memory_factor, calibration=calibration.version)
+
+
+def due(points: Sequence[Point], last: int) -> bool:
+    """Refit now: enough timed points, all of them grown by a fifth since the last fit (to `last`
+    points; 0: none yet)."""
+    return sum(p.seconds is not None for p in points) >= MIN_POINTS and len(points) >= GROWTH * last
+
+
+def plan_kinds(point: Point) -> set[str]:
+    plan, pp = point.plan, len(point.plan.stages)
+    return {stage_kind(pp, s.dp, s.op, plan.num_micro_batches) for s in plan.stages}
+
+
+class Priced:
+    """Points priced again under any factors: each one's workload built once, at the base profile."""
+
+    def __init__(self, base: DeviceProfile, points: Sequence[Point]):
+        self.base, self.points = base, list(points)
+        self.workloads = [Workload.of(p.job, base, p.links) for p in self.points]
+
+    def estimates(self, profile: DeviceProfile, index: Sequence[int]) -> list[Estimate]:
+        return [estimate(dataclasses.replace(self.workloads[i], profile=profile, stage_costs={}), self.points[i].plan)
+                for i in index]
+
+    def errors(self, profile: DeviceProfile, index: Sequence[int]) -> np.ndarray:
+        """|predicted / measured - 1| of the points' step times."""
+        predicted = np.array([e.seconds for e in self.estimates(profile, index)])
+        return np.abs(predicted / np.array([self.points[i].seconds for i in index]) - 1)
+
+
+def fit(priced: Priced, index: Sequence[int], start: Calibration | None = None
+        ) -> tuple[dict[str, float], dict[str, float]]:
+    """(COMPONENTS factors, plan kind factors) by least squares of the points' relative time
+    error, each log factor drawn toward 0 (the base profile) as calibration.fitted_factors does."""
+    kinds = sorted(set().union(*(plan_kinds(priced.points[i]) for i in index)))
+    names = [*COMPONENTS, *kinds]
+    begun = {**dict(start.factors), **dict(start.plan_factors)} if start else {}
+    bounds = np.log(FACTOR_BOUNDS)
+    x0 = np.clip(np.log([begun.get(k, 1.0) for k in names]), bounds[0] + 1e-6, bounds[1] - 1e-6)
+    observed = np.array([priced.points[i].seconds for i in index])
+
+    def profile(x: np.ndarray) -> DeviceProfile:
+        factors = np.exp(x)
+        return dataclasses.replace(scaled(priced.base, dict(zip(COMPONENTS, factors))),
+                                   plan_factors=tuple(zip(kinds, factors[len(COMPONENTS):])))
+
+    def residuals(x: np.ndarray) -> np.ndarray:
+        predicted = np.array([e.seconds for e in priced.estimates(profile(x), index)])
+        return np.concatenate([predicted / observed - 1, np.sqrt(FACTOR_PRIOR) * x])
+
+    found = np.exp(least_squares(residuals, x0, bounds=bounds, diff_step=1e-3).x).tolist()
+    return dict(zip(COMPONENTS, found)), dict(zip(kinds, found[len(COMPONENTS):]))
+
+
+def held_out_errors(priced: Priced, start: Calibration | None = None) -> np.ndarray:
+    """|predicted / measured - 1| of every point, priced by a fit to the other folds."""
+    n = len(priced.points)
+    folds = min(FOLDS, n)
+    errors = np.empty(n)
+    for fold in range(folds):
+        test = list(range(fold, n, folds))
+        factors, kinds = fit(priced, [i for i in range(n) if i % folds != fold], start)
+        profile = dataclasses.replace(scaled(priced.base, factors), plan_factors=tuple(kinds.items()))
+        errors[test] = priced.errors(profile, test)
+    return errors
+
+
+def needed_memory(base: DeviceProfile, point: Point, found: Estimate) -> float | None:
+    """The memory factor the point's measured peak needs (an oom attempt's: above the device's memory)."""
+    peak = max(point.peak or 0.0, base.memory + 1.0) if point.status == OOM else point.peak
+    return peak / found.peak_bytes if peak and found.peak_bytes > 0 else None
+
+
+def memory_bound(base: DeviceProfile, points: Sequence[Point]) -> float:
+    """The memory factor that puts MEMORY_QUANTILE of the points' peaks at or under their
+    prediction; 1 without points."""
+    needed = [needed_memory(base, p, e) for p, e in zip(points, Priced(base, points).estimates(base, range(len(points))))]
+    needed = [x for x in needed if x is not None]
+    if not needed:
+        return 1.0
+    return float(np.clip(np.quantile(needed, MEMORY_QUANTILE, method="higher"), *FACTOR_BOUNDS))
+
+
+def refit(base: DeviceProfile, points: Sequence[Point], current: Calibration | None, version: int,
+          now: float) -> Calibration:
+    """A new calibration of the base profile from every point, accepted only when its held-out
+    time error is lower than the current one's (None: the base profile's) on the same points: those
+    the current one was not fitted to (a calibration prices the points it was fitted to too well)."""
+    timed = [i for i, p in enumerate(points) if p.seconds]
+    priced = Priced(base, [points[i] for i in timed])
+    everything = range(len(timed))
+    factors, kinds = fit(priced, everything, current)
+    unseen = [k for k, i in enumerate(timed) if i >= (current.points if current else 0)] or list(everything)
+    held = float(held_out_errors(priced, current)[unseen].mean())
+    before = float(priced.errors(calibrated(base, current), unseen).mean())
+    return Calibration(version, profile_id(base), tuple(factors.items()), tuple(kinds.items()),
+                       memory_bound(base, points), len(points), held, before, held < before, now)
+
+
+def raised(base: DeviceProfile, points: Sequence[Point], current: Calibration | None, version: int,
+           now: float) -> Calibration | None:
+    """The current calibration under a higher memory bound, where the points' peaks need one: an
+    under-predicted peak is an OOM, so the bound rises at once, without waiting for a refit."""
+    bound = memory_bound(base, points)
+    if bound <= (current.memory_factor if current else 1.0):
+        return None
+    if current is None:
+        return Calibration(version, profile_id(base), tuple(dict.fromkeys(COMPONENTS, 1.0).items()), (), bound, 0,
+                           0.0, 0.0, True, now, memory_only=True)
+    return dataclasses.replace(current, version=version, memory_factor=bound, created=now, memory_only=True)

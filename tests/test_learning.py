@@ -1,0 +1,247 @@
+"""The cost model that learns (issue 49): refits are kept only when held-out error falls, two
+sweeps into two DBs feed one machine's calibration, each attempt records the calibration that
+priced it, reprice uses the latest, memory is an upper bound, and the co-design fast pass still
+prices as estimate does under a calibration."""
+
+import dataclasses
+import json
+import sqlite3
+
+import numpy as np
+import pytest
+
+from codesign.config.hosts import Hosts
+from codesign.config.jobs import PlannedJob
+from codesign.config.types import AUTO_SEARCH, ClusterSpec, Job, ModelSpec, ParallelSpec, TrainingSpec
+from codesign.outcome import OOM, Outcome
+from codesign.planner import ranking
+from codesign.planner.auto import choose_plan
+from codesign.planner.cost import Workload, estimate
+from codesign.planner.device_profiles import BUILTIN, DeviceProfile, ProfileBook, profile_id
+from codesign.planner.calibration import COMPONENTS
+from codesign.planner.learning import Calibration, Point, calibrated, memory_bound, refit
+from codesign.planner.plan import make_plan
+from codesign.run.learning import Learner
+from codesign.run.profile_cache import ProfileCache, profiles_for, this_machine
+from codesign.run.reprice import reprice
+from codesign.run.sweep import Pricing, run_sweep
+from codesign.store.database import Store
+from tests.test_ranking import query
+
+BASE = BUILTIN["cpu"]
+MODEL = ModelSpec(16, 8, 4, 2, (("DOT", "LINEAR"),) * 2)
+# (devices, (pp, dp, op), micro-batches): every plan kind on 2 and 4 virtual CPU devices
+PLANS = [(2, (1, 2, 1), 1), (2, (1, 1, 2), 1), (4, (1, 4, 1), 1), (4, (1, 2, 2), 1), (4, (2, 2, 1), 2),
+         (2, (1, 2, 1), 2), (4, (1, 1, 4), 1), (4, (2, 1, 2), 4), (4, (1, 4, 1), 4), (2, (2, 1, 1), 2),
+         (4, (2, 2, 1), 4), (1, (1, 1, 1), 1)]
+
+
+def job(devices: int, pp_dp_op: tuple[int, int, int], micro: int, batch: int = 8) -> Job:
+    parallel = ParallelSpec("manual", (micro,), pp_dp_op[0], pp_dp_op=pp_dp_op)
+    return Job(MODEL, ClusterSpec(1, devices, "NVLink", "cpu"), TrainingSpec(batch, 3), parallel, micro, "cpu")
+
+
+JOBS = [job(*plan) for plan in PLANS]
+
+
+def base_seconds(j: Job) -> float:
+    return estimate(Workload.of(j, BASE), make_plan(j)).seconds
+
+
+def base_peak(j: Job) -> float:
+    return estimate(Workload.of(j, BASE), make_plan(j)).peak_bytes
+
+
+class Measured:
+    """An executor whose jobs have finished when asked: each measured at `times` its base price."""
+
+    def __init__(self, times: float = 1.5):
+        self.times = times
+
+    def can_start(self, job, running):
+        return True
+
+    def start(self, job, timeout, plans=(), log=None, running=(), then=None, power_limits=None):
+        return job
+
+    def wait(self, running, seconds):
+        return [(j, Outcome("succeeded", metrics={"median": self.times * base_seconds(j),
+                                                  "max_memory": base_peak(j)}, duration=1.0)) for j in running]
+
+    def cancel(self, handle):
+        pass
+
+    def close(self):
+        pass
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch) -> ProfileCache:
+    """A fresh profile cache, used (the suite's CODESIGN_PROFILE=builtin uses none)."""
+    monkeypatch.delenv("CODESIGN_PROFILE", raising=False)
+    monkeypatch.delenv("CODESIGN_LEARNING", raising=False)
+    return ProfileCache(tmp_path / "profiles")
+
+
+def sweep(db, jobs, cache: ProfileCache, times: float = 1.5) -> Pricing:
+    pricing = Pricing(profiles_for(Hosts.local(0), cache=cache))
+    store = Store(db)
+    try:
+        run_sweep([PlannedJob(j) for j in jobs], store, Measured(times), retry_failed=False, manual_timeout=60,
+                  pricing=pricing)
+    finally:
+        store.close()
+    return pricing
+
+
+def learner(cache: ProfileCache) -> Learner:
+    return Learner.load(this_machine("cpu", Hosts.local(0)), cache, BASE)
+
+
+def rows(db) -> list[dict]:
+    conn = sqlite3.connect(db)
+    conn.row_factory = sqlite3.Row
+    try:
+        return [dict(r) for r in conn.execute("SELECT * FROM attempts ORDER BY id")]
+    finally:
+        conn.close()
+
+
+def recorded_calibration(row: dict):
+    return json.loads(row["all_configs"])["prediction"]["calibration"]
+
+
+def points(jobs, times: float = 1.5, calibration: Calibration | None = None) -> list[Point]:
+    """The jobs measured at `times` their price under the calibration (None: the base profile)."""
+    profile = calibrated(BASE, calibration)
+    found = []
+    for i, j in enumerate(jobs):
+        e = estimate(Workload.of(j, profile), make_plan(j))
+        found.append(Point(j, make_plan(j), (), "succeeded", times * e.seconds, e.peak_bytes, f"test.db#{i}"))
+    return found
+
+
+def test_a_refit_that_makes_held_out_error_worse_is_rejected_and_the_previous_one_stays(cache):
+    # The machine's steps are exactly what calibration 1 prices: any refit (drawn toward the base
+    # profile) can only price the held-out ones worse than it does.
+    first = refit(BASE, points(JOBS[:6], 1.5), None, 1, 0.0)
+    assert first.accepted and first.previous_error == pytest.approx(1 / 3)
+    machine = learner(cache)
+    machine._save([first])
+    machine = learner(cache)
+    assert machine.current == first
+    for point in points(JOBS[:8], 1.0, first):
+        machine.learn(point)
+    versions = machine.versions()
+    assert [(v.version, v.accepted) for v in versions] == [(1, True), (2, False)]
+    assert versions[1].points == 8 and versions[1].previous_error < 1e-9 < versions[1].held_out_error
+    assert machine.current == first and machine.profile.calibration == 1
+    assert learner(cache).current == first
+
+
+def test_a_refit_is_due_at_six_points_then_at_a_fifth_more(cache):
+    machine = learner(cache)
+    fitted = []
+    for point in points(JOBS, 1.5):
+        machine.learn(point)
+        fitted.append(len(machine.versions()))
+    assert fitted == [0, 0, 0, 0, 0, 1, 1, 2, 2, 3, 3, 4]  # refits at 6, 8, 10 and 12 points
+    assert machine.current.version == max(v.version for v in machine.versions() if v.accepted)
+    assert all(v.held_out_error < v.previous_error for v in machine.versions() if v.accepted)
+
+
+def test_two_sweeps_into_two_dbs_feed_one_calibration_and_leave_each_others_db_alone(tmp_path, cache):
+    a, b = tmp_path / "a.db", tmp_path / "b.db"
+    sweep(a, JOBS[:4], cache)
+    before = rows(a)
+    sweep(b, JOBS[4:8], cache)
+    assert rows(a) == before
+    assert [r["job_key"] for r in rows(b)] != [r["job_key"] for r in before] and len(rows(b)) == 4
+    pooled = learner(cache).points()
+    assert [p.source.split("#")[0] for p in pooled] == [str(a)] * 4 + [str(b)] * 4
+    first, second = learner(cache).versions()  # at the sixth point (four of a's, two of b's) and the eighth
+    assert (first.points, second.points) == (6, 8) and first.accepted
+    assert learner(cache).current == (second if second.accepted else first)
+
+
+def test_each_attempt_records_the_calibration_that_priced_it(tmp_path, cache):
+    pricing = sweep(tmp_path / "a.db", JOBS[:8], cache)
+    found = rows(tmp_path / "a.db")
+    assert [recorded_calibration(r) for r in found] == [None] * 6 + [1] * 2
+    profile = pricing.book.for_job(JOBS[0])
+    assert profile.calibration == 1 and profile_id(profile) != profile_id(BASE)
+    assert {r["profile_id"] for r in found[6:]} == {profile_id(profile)}
+    # priced after the refit, the jobs are closer to their measured 1.5x than the base profile prices
+    for r in found[6:]:
+        assert abs(r["predicted_time"] / r["median"] - 1) < 0.2
+    for r in found[:6]:
+        assert r["predicted_time"] == pytest.approx(r["median"] / 1.5, rel=1e-9)
+    # the DB keeps a copy of the calibrated profile that priced them
+    store = Store(tmp_path / "a.db")
+    kept = {profile_id(p) for p in store.stored_profiles(DeviceProfile.from_dict)}
+    store.close()
+    assert kept == {profile_id(BASE), profile_id(profile)}
+
+
+def test_reprice_uses_the_latest_calibration(tmp_path, cache):
+    sweep(tmp_path / "a.db", JOBS[:8], cache)
+    store = Store(tmp_path / "a.db")
+    try:
+        book = profiles_for(Hosts.local(0), store, cache=cache).book
+        assert reprice(store, store.attempts(), book) == 8
+    finally:
+        store.close()
+    found = rows(tmp_path / "a.db")
+    assert [recorded_calibration(r) for r in found] == [1] * 8
+    assert {r["profile_id"] for r in found} == {profile_id(learner(cache).profile)}
+
+
+def test_no_learning_prices_by_the_base_profile_and_keeps_no_points(tmp_path, cache, monkeypatch):
+    assert profiles_for(Hosts.local(0), cache=cache, learning=False).learners == {}
+    monkeypatch.setenv("CODESIGN_LEARNING", "0")
+    pricing = sweep(tmp_path / "a.db", JOBS[:8], cache)
+    assert pricing.book.for_job(JOBS[0]) == BASE
+    assert learner(cache).points() == [] and learner(cache).versions() == []
+    assert [recorded_calibration(r) for r in rows(tmp_path / "a.db")] == [None] * 8
+
+
+def test_the_memory_bound_covers_the_measured_peaks_and_an_oom_raises_it():
+    measured = points(JOBS[:8])
+    peaks = [dataclasses.replace(p, peak=p.peak * (1 + 0.02 * i)) for i, p in enumerate(measured)]
+    assert memory_bound(BASE, peaks) == pytest.approx(1.14)  # the highest of eight: no peak above it
+    big = job(4, (1, 4, 1), 1, batch=64)
+    small = dataclasses.replace(BASE, memory=int(1.3 * base_peak(big)))  # the big job fits, as priced
+    oom = Point(big, make_plan(big), (), OOM, None, None, "test.db#9")
+    assert memory_bound(small, [*peaks, oom]) == pytest.approx(1.3, rel=1e-6)
+    bound = calibrated(small, refit(small, [*peaks, oom], None, 1, 0.0))
+    assert estimate(Workload.of(big, small), make_plan(big)).fits
+    assert not estimate(Workload.of(big, bound), make_plan(big)).fits
+
+
+def test_the_co_design_fast_pass_prices_as_estimate_under_a_calibration():
+    calibration = dataclasses.replace(refit(BASE, points(JOBS, 1.5), None, 1, 0.0),
+                                      plan_factors=(("dp", 0.6), ("op", 1.7), ("dp x op", 0.8)), memory_factor=1.3)
+    book = ProfileBook()
+    book.add(calibrated(BASE, calibration))
+    training, cluster = TrainingSpec(32, 5), ClusterSpec(1, 4, "NVLink", "sim", "cpu")
+    found = ranking.candidates(query("--slots", "4", "--max-layers", "2"))
+    target = ranking.Target(cluster, "sim", ParallelSpec(AUTO_SEARCH, (1,)), 1)
+    ranked = ranking.rank_target(target, training, book, (), found, top=3)
+    for c in range(len(found)):
+        best = choose_plan(target.job(found.model(c), training), book).best()
+        assert ranked.seconds[c] == pytest.approx(best.estimate.seconds, rel=1e-9)
+        assert abs(ranked.memory[c] - best.estimate.peak_bytes) <= 1
+        assert ranked.bound[c] <= best.estimate.seconds * (1 + 1e-9)
+    assert np.isfinite(ranked.seconds).any()
+
+
+def test_a_peak_above_its_prediction_raises_the_memory_bound_at_once(cache):
+    machine = learner(cache)
+    first, second = points(JOBS[:2])
+    machine.learn(first)
+    assert machine.versions() == []  # at its prediction: nothing to raise, too few points to refit
+    assert machine.learn(dataclasses.replace(second, peak=second.peak * 1.25))
+    (version,) = machine.versions()
+    assert version.memory_only and version.accepted and version.memory_factor == pytest.approx(1.25)
+    assert dict(version.factors) == dict.fromkeys(COMPONENTS, 1.0) and version.plan_factors == ()
+    assert machine.profile.memory_factor == pytest.approx(1.25) and machine.profile.calibration == 1
