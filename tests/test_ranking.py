@@ -178,6 +178,8 @@ def test_pareto_marks_what_nothing_beats_on_both():
     params = np.array([10, 20, 20, 30, 5, 30.0])
     speed = np.array([5, 4, 6, 1, 9, np.nan])
     assert ranking.pareto(params, speed).tolist() == [False, False, True, True, True, False]
+    twins = np.array([20, 10, 20, 20.0]), np.array([6, 9, 6, 5.0])  # neither of two equals beats the other
+    assert ranking.pareto(*twins).tolist() == [True, True, True, False]
 
 
 def test_the_report_section_is_the_csvs(tmp_path):

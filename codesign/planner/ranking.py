@@ -271,12 +271,17 @@ def _kth(seconds: np.ndarray, k: int) -> float:
 
 
 def pareto(params: np.ndarray, samples_per_s: np.ndarray) -> np.ndarray:
-    """Candidates no other matches on both parameters and samples/s with one of them higher."""
+    """Candidates no other matches on both parameters and samples/s with one of them higher (any
+    two figures where more is better: also samples/s and samples/J). Equal candidates share a
+    mark: neither beats the other."""
     ok = np.flatnonzero(np.isfinite(samples_per_s))
     order = ok[np.lexsort((-samples_per_s[ok], -params[ok]))]  # most parameters first, then fastest
-    best_before = np.maximum.accumulate(np.concatenate([[-np.inf], samples_per_s[order]]))[:-1]
+    speed, size = samples_per_s[order], params[order]
+    best_before = np.maximum.accumulate(np.concatenate([[-np.inf], speed]))[:-1]
+    new = np.concatenate([[True], (size[1:] != size[:-1]) | (speed[1:] != speed[:-1])])
+    first = np.maximum.accumulate(np.where(new, np.arange(len(order)), 0))  # each run of equals' first
     marked = np.zeros(len(params), dtype=bool)
-    marked[order[samples_per_s[order] > best_before]] = True
+    marked[order[(speed > best_before)[first]]] = True
     return marked
 
 
