@@ -1,5 +1,6 @@
 """`codesign search --rank`: the fast pass is Auto search's answer, pruning changes no winner, the
-TOML loads, a candidate that fits nothing says why, the report's Co-design section is the CSV's."""
+TOML loads, a candidate that fits nothing says why, the CSV's samples/J and energy frontier are
+its plans' estimates, the report's Co-design section is the CSV's."""
 
 import contextlib
 import dataclasses
@@ -16,7 +17,7 @@ from codesign.cli import build_search_parser, main
 from codesign.planner import fast_pass, ranking
 from codesign.planner.auto import all_plans, choose_plan
 from codesign.planner.cost import Workload, estimate
-from codesign.planner.plan import plan_from_stages
+from codesign.planner.plan import plan_from_stages, plan_name
 from codesign.planner.device_profiles import BUILTIN, ProfileBook
 from codesign.config.loader import load_config
 from codesign.config.types import AUTO_SEARCH, ClusterSpec, ParallelSpec, TrainingSpec
@@ -88,7 +89,8 @@ def test_the_fast_pass_is_auto_searchs_answer_for_one_layer_group(cluster, cores
 
 def test_random_candidates_cost_the_same_through_estimate_and_the_rankings_path():
     """One cost model: each one-program plan of a candidate, priced by composition over arrays
-    (fast_pass.one_programs), is what estimate prices for Workload.of the candidate and the plan."""
+    (fast_pass.one_programs), is what estimate prices for Workload.of the candidate and the plan:
+    its seconds, peak bytes and joules."""
     training, book, rng = TrainingSpec(64, 5, precision="bf16"), ProfileBook(), np.random.default_rng(46)
     found = ranking.candidates(query("--slots", "5", "--max-layers", "3"))
     for cluster, micro in ((ClusterSpec(2, 4, "EFAx4", "sim", "H100"), 4), (ClusterSpec(1, 4, "NVLink", "sim", "cpu"), 2)):
@@ -98,8 +100,8 @@ def test_random_candidates_cost_the_same_through_estimate_and_the_rankings_path(
             block = found.blocks[found.block[c]]
             digits = dict(search.digits(found.index[[c]], [len(search.multisets(n, len(block.kinds)))
                                                            for n in block.layers]))
-            seconds, memory = fast_pass.one_programs(pricer, block, [digits[i] for i in range(len(block.layers))],
-                                                     found.base)
+            seconds, memory, costs = fast_pass.one_programs(pricer, block, [digits[i] for i in range(len(block.layers))],
+                                                            found.base)
             job = target.job(found.model(c), training)
             w = Workload.of(job, book.for_job(job))
             for v, variant in enumerate(pricer.variants):
@@ -108,6 +110,8 @@ def test_random_candidates_cost_the_same_through_estimate_and_the_rankings_path(
                 priced = estimate(w, plan)
                 assert seconds[0, v] == pytest.approx(priced.seconds, rel=1e-9)
                 assert memory[0, v] == pytest.approx(priced.peak_bytes, rel=1e-9)
+                joules = fast_pass.one_program_joules(pricer, v, costs[v], seconds[:, v])
+                assert np.isfinite(priced.energy) and joules[0] == pytest.approx(priced.energy, rel=1e-9)
 
 
 @pytest.mark.parametrize("cluster", [ClusterSpec(1, 4, "NVLink", "sim", "H100"), ClusterSpec(2, 2, "EFAx4", "sim", "A100")])
@@ -174,10 +178,72 @@ def test_a_candidate_that_fits_nothing_says_why(tmp_path):
     assert table["rank"].isna().all() and table["predicted_samples_per_s"].isna().all()
 
 
+TWO_CLUSTERS = """
+[[cluster_spec]]
+num_hosts = 1
+num_devices_per_host = 4
+transport = "NVLink"
+platform = "sim"
+device = "cpu"
+"""
+
+
+def ranked_csv(tmp_path, groups: int) -> tuple:
+    """A ranking's CSV on a 4-GPU and a 4-CPU-device cluster, with its config."""
+    path = config_file(tmp_path, batch=64, groups=groups)
+    path.write_text(path.read_text() + TWO_CLUSTERS)
+    code, _, stderr = cli("search", "--rank", "-c", str(path), "-d", str(tmp_path / "none.db"),
+                          "--csv", str(tmp_path / "rank.csv"), *SMALL)
+    assert code == 0, stderr
+    return pd.read_csv(tmp_path / "rank.csv"), load_config(path)
+
+
+def listed_plan(job, row):
+    """The plan a CSV row names, rebuilt: Auto search's choice, or the one-program plan of that name."""
+    if row["searched"] == "full":
+        plan = choose_plan(job, ProfileBook()).best().plan
+        assert plan_name(plan) == row["plan"]
+        return plan
+    pricer = fast_pass.Pricer(job, job.training, ProfileBook(), (), job.parallel.num_auto_layers)
+    (variant,) = [v for v in pricer.variants if v.name() == row["plan"]]
+    return plan_from_stages(job, [list(range(job.parallel.num_auto_layers))], [list(range(job.cluster.num_devices))],
+                            [(variant.dp, variant.op)], batch_axis=variant.axis, reduce_scatter=variant.zero)
+
+
+@pytest.mark.parametrize("groups", [1, 2])
+def test_the_csvs_samples_per_joule_are_its_plans_estimates(tmp_path, groups):
+    table, config = ranked_csv(tmp_path, groups)
+    assert list(table.columns) == list(ranking.COLUMNS) and list(table.columns[-2:]) == ["samples_per_joule",
+                                                                                         "energy_frontier"]
+    found = ranking.candidates(query())
+    targets = {t.cluster.summary(): t for t in ranking.targets(config, lambda c: "sim")}
+    priced = table[table["rank"].notna()]
+    assert len(priced) > 50 and set(priced["searched"]) >= ({"full"} if groups == 1 else {"full", "one-program"})
+    for i, row in priced.iterrows():
+        job = targets[row["cluster"]].job(found.model(i % len(found)), config.training)
+        assert job.model.summary() == row["model"]
+        energy = estimate(Workload.of(job, ProfileBook().for_job(job)), listed_plan(job, row)).energy
+        assert row["samples_per_joule"] == pytest.approx(job.global_batch / energy, rel=1e-5)
+    assert table.loc[table["rank"].isna(), "samples_per_joule"].isna().all()
+
+
+@pytest.mark.parametrize("flag, figures", [("energy_frontier", ["predicted_samples_per_s", "samples_per_joule"]),
+                                           ("pareto", ["params", "predicted_samples_per_s"])])
+def test_the_frontiers_are_what_no_other_row_beats_on_both(tmp_path, flag, figures):
+    table, _ = ranked_csv(tmp_path, groups=2)
+    for _, rows in table.groupby(["cluster", "micro_batches"]):
+        points = rows[figures].to_numpy(float)
+        on = [bool(np.isfinite(p).all()) and not any(np.all(q >= p) and np.any(q > p) for q in points)
+              for p in points]
+        assert rows[flag].astype(bool).tolist() == on and 0 < sum(on) < len(on)
+
+
 def test_pareto_marks_what_nothing_beats_on_both():
     params = np.array([10, 20, 20, 30, 5, 30.0])
     speed = np.array([5, 4, 6, 1, 9, np.nan])
     assert ranking.pareto(params, speed).tolist() == [False, False, True, True, True, False]
+    twins = np.array([20, 10, 20, 20.0]), np.array([6, 9, 6, 5.0])  # neither of two equals beats the other
+    assert ranking.pareto(*twins).tolist() == [True, True, True, False]
 
 
 def test_the_report_section_is_the_csvs(tmp_path):

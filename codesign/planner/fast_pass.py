@@ -21,8 +21,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from codesign.planner.cost import finish, layer_compute, one_program, op_collective, stage_cost
+from codesign.planner.cost import finish, layer_compute, one_program, op_collective, stage_busy, stage_cost
 from codesign.planner.device_profiles import DeviceProfile, ProfileBook, cluster_links
+from codesign.planner.power import iteration_joules
 from codesign.planner.timeline import simulate
 from codesign.planner.workload import Submesh, Workload
 from codesign.planner.formulas import Compute, Memory, StageCost, point_to_point
@@ -131,6 +132,7 @@ class Fast:
 
     seconds: np.ndarray  # best fitting one-program plan's step time; inf where none fits
     memory: np.ndarray  # its peak bytes per device (the smallest peak where none fits)
+    joules: np.ndarray  # its joules per iteration, every device of the cluster; NaN where none fits
     variant: np.ndarray  # its position in Pricer.variants
     least: np.ndarray  # the least step time of any one-program plan, fitting or not
     bound: np.ndarray  # lower bound on any plan's step time, but for pipeline_bound
@@ -139,9 +141,10 @@ class Fast:
 
 
 def one_programs(pricer: Pricer, block: search.Block, rows: list[np.ndarray],
-                 base: ModelSpec) -> tuple[np.ndarray, np.ndarray]:
+                 base: ModelSpec) -> tuple[np.ndarray, np.ndarray, list[StageCost]]:
     """(seconds, peak bytes) [candidate, variant] of the candidates whose layer i holds the
-    multisets rows[i], as cost.estimate prices each one-program plan."""
+    multisets rows[i], as cost.estimate prices each one-program plan; and per variant its stage's
+    cost (fields over candidates), for one_program_joules."""
     prices = [pricer.position(block, i, base) for i in range(len(block.layers))]
     computes = [Compute(*(f[r] for f in p.compute.astuple())) for p, r in zip(prices, rows)]
     compute = sum(computes[1:], computes[0])
@@ -149,12 +152,22 @@ def one_programs(pricer: Pricer, block: search.Block, rows: list[np.ndarray],
     w = pricer.workload(_proxy(base, block.layers), works)
     layers = tuple(range(len(block.layers)))
     seconds, memory = (np.empty((len(rows[0]), len(pricer.variants))) for _ in range(2))
+    costs = []
     for v, (variant, plan) in enumerate(zip(pricer.variants, pricer.plans)):
         stage = StagePlan((layers,), tuple(range(pricer.n)), variant.dp, variant.op)
         mesh = pricer.mesh_of[v]
         priced = stage_cost(w, stage, 0, plan, pricer.n, 1, compute=Compute(*(f[:, mesh] for f in compute.astuple())))
         seconds[:, v], memory[:, v] = one_program(w, plan, priced, pricer.n), np.floor(priced.memory.total)
-    return seconds, memory
+        costs.append(priced)
+    return seconds, memory, costs
+
+
+def one_program_joules(pricer: Pricer, v: int, cost: StageCost, seconds: np.ndarray) -> np.ndarray:
+    """Joules per iteration of variant v's one-program plan (its stage's cost and step seconds, over
+    candidates), as cost.estimate prices them."""
+    variant = pricer.variants[v]
+    stage = StagePlan((), tuple(range(pricer.n)), variant.dp, variant.op)
+    return iteration_joules(pricer.profile, [stage_busy(pricer.plans[v], stage, cost, seconds)], seconds, pricer.n)
 
 
 def fast_pass(pricer: Pricer, block: search.Block, index: np.ndarray, base: ModelSpec) -> Fast:
@@ -162,7 +175,7 @@ def fast_pass(pricer: Pricer, block: search.Block, index: np.ndarray, base: Mode
     prices = [pricer.position(block, i, base) for i in range(len(block.layers))]
     digit = dict(search.digits(index, [len(p.solo) for p in prices]))
     rows = [digit[i] for i in range(len(prices))]
-    seconds, memory = one_programs(pricer, block, rows, base)
+    seconds, memory, costs = one_programs(pricer, block, rows, base)
     fits = memory <= pricer.profile.memory
     best = np.where(fits, seconds, np.inf).argmin(axis=1)
     pick = lambda table: np.take_along_axis(table, best[:, None], 1)[:, 0]
@@ -174,9 +187,13 @@ def fast_pass(pricer: Pricer, block: search.Block, index: np.ndarray, base: Mode
         micro * sum(s.sum(axis=1) for s in solo) / n)
     terms = (_layer_terms(pricer, prices, rows, solo, _proxy(base, block.layers)) if pricer.pipelines
              else np.zeros((len(index), 0, len(TERMS))))
-    return Fast(np.where(fits.any(axis=1), pick(seconds), np.inf),
-                np.where(fits.any(axis=1), pick(memory), memory.min(axis=1)), best, seconds.min(axis=1),
-                bound, flops, terms)
+    fitting = fits.any(axis=1)
+    joules = np.full(len(index), np.nan)
+    for v in np.unique(best[fitting]):  # the variants chosen: no other's joules are read
+        chosen = fitting & (best == v)
+        joules[chosen] = one_program_joules(pricer, v, costs[v], seconds[:, v])[chosen]
+    return Fast(np.where(fitting, pick(seconds), np.inf), np.where(fitting, pick(memory), memory.min(axis=1)),
+                joules, best, seconds.min(axis=1), bound, flops, terms)
 
 
 def _layer_terms(pricer: Pricer, prices: list[LayerPrices], rows: list[np.ndarray], solo: list[np.ndarray],

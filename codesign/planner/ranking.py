@@ -17,8 +17,10 @@ count), each candidate gets the plan Auto search would choose, in three steps:
   candidates whose bound beats the K-th best time known so far (pruning stops at the first that
   cannot). The final top K always come from `choose_plan`: the plans a sweep would run.
 
-The Pareto frontier, per target: candidates no other beats on both parameters and predicted
-samples/s. Same input, same output: nothing is drawn, ties keep the space's order.
+Each candidate's predicted joules per iteration are those of the plan it is ranked by, priced as
+`estimate` prices them. Two Pareto frontiers per target: candidates no other beats on both
+parameters and predicted samples/s, and on both samples/s and samples/J (time against energy).
+Same input, same output: nothing is drawn, ties keep the space's order.
 """
 
 from __future__ import annotations
@@ -58,7 +60,7 @@ DEFAULT_CSV = "codesign_rank.csv"
 COLUMNS = ("cluster", "micro_batches", "rank", "model", "num_zhen_layers", "tokens", "params",
            "params_vs_base", "train_gflops_per_sample", "predicted_samples_per_s", "predicted_step_ms",
            "predicted_memory_gib", "plan", "searched", "bound_samples_per_s", "pareto", "reason",
-           "measured_samples_per_s", "job_key")
+           "measured_samples_per_s", "job_key", "samples_per_joule", "energy_frontier")
 
 
 # -- what is ranked, and where ------------------------------------------------------------------
@@ -138,6 +140,7 @@ class Ranking:
     global_batch: int
     seconds: np.ndarray  # predicted step time of its best plan; inf where nothing fits
     memory: np.ndarray  # its predicted peak bytes per device
+    joules: np.ndarray  # its predicted joules per iteration, every device of the cluster (NaN: unpriced)
     bound: np.ndarray  # lower bound on any plan's step time
     flops: np.ndarray  # forward FLOPs per sample
     plans: list[str]  # its best plan, described
@@ -156,6 +159,11 @@ class Ranking:
     def samples_per_s(self) -> np.ndarray:
         with np.errstate(divide="ignore"):
             return np.where(np.isfinite(self.seconds), self.global_batch / self.seconds, np.nan)
+
+    def samples_per_joule(self) -> np.ndarray:
+        """NaN where nothing fits or the device has no power model."""
+        with np.errstate(divide="ignore"):
+            return np.where(np.isfinite(self.seconds), self.global_batch / self.joules, np.nan)
 
 
 def rank(query: search.Search, config: Config, book: ProfileBook, platform_of: Callable[[ClusterSpec], str],
@@ -209,7 +217,7 @@ def _fast_ranking(target: Target, pricer: Pricer, found: Candidates, top: int) -
         depth = np.array([len(b.layers) for b in found.blocks])[found.block]
         _tighten(bound, join("least"), terms, depth, _kth(seconds, top), pricer)
     plans = [names[v] if np.isfinite(s) else "" for v, s in zip(join("variant").astype(int), seconds)]
-    return Ranking(target, pricer.job.global_batch, seconds, join("memory"), bound,
+    return Ranking(target, pricer.job.global_batch, seconds, join("memory"), join("joules"), bound,
                    join("flops"), plans, np.zeros(len(found), dtype=bool), reasons)
 
 
@@ -242,11 +250,12 @@ def _search_one(ranking: Ranking, found: Candidates, training: TrainingSpec, boo
     try:
         choice = choose_plan(ranking.target.job(found.model(c), training), book, links)
     except (NoPlanFits, PlanError) as err:
-        ranking.seconds[c], ranking.plans[c], ranking.reasons[c] = np.inf, "", str(err)
+        ranking.seconds[c], ranking.joules[c], ranking.plans[c], ranking.reasons[c] = np.inf, np.nan, "", str(err)
         return
     best = choice.best()
     ranking.choices[c] = choice
     ranking.seconds[c], ranking.memory[c] = best.estimate.seconds, best.estimate.peak_bytes
+    ranking.joules[c] = best.estimate.energy
     ranking.plans[c] = plan_name(best.plan)
 
 
@@ -271,12 +280,17 @@ def _kth(seconds: np.ndarray, k: int) -> float:
 
 
 def pareto(params: np.ndarray, samples_per_s: np.ndarray) -> np.ndarray:
-    """Candidates no other matches on both parameters and samples/s with one of them higher."""
+    """Candidates no other matches on both parameters and samples/s with one of them higher (any
+    two figures where more is better: also samples/s and samples/J). Equal candidates share a
+    mark: neither beats the other."""
     ok = np.flatnonzero(np.isfinite(samples_per_s))
     order = ok[np.lexsort((-samples_per_s[ok], -params[ok]))]  # most parameters first, then fastest
-    best_before = np.maximum.accumulate(np.concatenate([[-np.inf], samples_per_s[order]]))[:-1]
+    speed, size = samples_per_s[order], params[order]
+    best_before = np.maximum.accumulate(np.concatenate([[-np.inf], speed]))[:-1]
+    new = np.concatenate([[True], (size[1:] != size[:-1]) | (speed[1:] != speed[:-1])])
+    first = np.maximum.accumulate(np.where(new, np.arange(len(order)), 0))  # each run of equals' first
     marked = np.zeros(len(params), dtype=bool)
-    marked[order[samples_per_s[order] > best_before]] = True
+    marked[order[(speed > best_before)[first]]] = True
     return marked
 
 
@@ -303,12 +317,13 @@ def write_toml(found: Candidates, rankings: Sequence[Ranking], top: int, out) ->
     base_params = counts.param_count(found.base)
     printed: set[int] = set()
     for ranking in rankings:
-        best = ranking.top(top)
+        best, per_joule = ranking.top(top), ranking.samples_per_joule()
         out.write(f"# {ranking.target.describe()}: top {len(best)} of {len(found):,} candidates\n")
         for r, c in enumerate(best, 1):
             c = int(c)
-            line = (f"# rank {r}: {ranking.global_batch / ranking.seconds[c]:,.0f} samples/s predicted, "
-                    f"{ranking.memory[c] / 2**30:.2f} GiB per device; plan: {ranking.plans[c]}")
+            line = (f"# rank {r}: {ranking.global_batch / ranking.seconds[c]:,.0f} samples/s and "
+                    f"{_figure(per_joule[c])} samples/J predicted, {ranking.memory[c] / 2**30:.2f} GiB per device; "
+                    f"plan: {ranking.plans[c]}")
             if c in printed:
                 out.write(f"{line}; {found.model(c).summary()}, printed above\n")
                 continue
@@ -335,6 +350,8 @@ def csv_rows(found: Candidates, rankings: Sequence[Ranking],
         ranks = np.zeros(len(found), dtype=int)
         ranks[ranking.order()] = np.arange(1, len(ranking.order()) + 1)
         frontier = pareto(found.params.astype(float), speed)
+        per_joule = ranking.samples_per_joule()
+        energy = pareto(speed, per_joule)  # time against energy: samples/s and samples/J
         bound = ranking.global_batch / ranking.bound
         cluster, plans = safe_cell(ranking.target.cluster.summary()), {p: safe_cell(p) for p in set(ranking.plans)}
         for c in range(len(found)):
@@ -344,11 +361,19 @@ def csv_rows(found: Candidates, rankings: Sequence[Ranking],
                    f"{(found.params[c] - base_params) / base_params:.4f}", f"{3 * ranking.flops[c] / 1e9:.4g}",
                    _num(speed[c]), _num(ranking.seconds[c] * 1e3), _num(ranking.memory[c] / 2**30),
                    plans[ranking.plans[c]], "full" if ranking.searched[c] else "one-program",
-                   _num(bound[c]), int(frontier[c]), safe_cell(ranking.reasons.get(c, "")), _num(run[0]), run[1]]
+                   _num(bound[c]), int(frontier[c]), safe_cell(ranking.reasons.get(c, "")), _num(run[0]), run[1],
+                   _num(per_joule[c]), int(energy[c])]
 
 
 def _num(value: float) -> str:
     return f"{value:.6g}" if np.isfinite(value) else ""
+
+
+def _figure(value: float) -> str:
+    """Three significant figures for a reader, without an exponent ("n/a" where not priced)."""
+    if not np.isfinite(value) or value <= 0:
+        return "n/a"
+    return f"{value:,.{max(0, 2 - math.floor(math.log10(value)))}f}"
 
 
 def write_csv(found: Candidates, rankings: Sequence[Ranking], path: str,
