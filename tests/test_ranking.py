@@ -261,7 +261,7 @@ def test_the_report_section_is_the_csvs(tmp_path):
     assert code == 0, stderr
     page = Page((tmp_path / "out" / "report.html").read_text())
     section = page.sections["codesign"]
-    assert not section["empty"] and len(section["images"]) == 2
+    assert not section["empty"] and len(section["images"]) == 3  # the ranking, agreement, time-energy frontier
     (agree,) = page.rows("codesign", 0)
     rho = spearmanr(table.loc[ran, "predicted_samples_per_s"], table.loc[ran, "measured_samples_per_s"]).statistic
     assert float(agree["Spearman"]) == pytest.approx(rho, abs=1e-3) and agree["runs"] == "6"
