@@ -4,8 +4,8 @@ A point is one attempt measured on the machine: its job, the plan that ran, the 
 priced with, its measured step time and peak. A refit fits the profile's COMPONENTS
 (planner.calibration) and a time factor per plan kind (plan.stage_kind: each kind errs on its own
 side) to the points, by least squares of relative error drawn toward the base profile; it is kept
-only when its error on held-out points (k-fold) is lower than the current calibration's on the
-same points. Memory is learned as an upper bound (an under-prediction is an OOM): a high quantile
+only when its error on held-out points (the newest third, priced by a fit to the older ones) is
+lower than the current calibration's on the same points. Memory is learned as an upper bound (an under-prediction is an OOM): a high quantile
 of the factor each point's peak needs. Pure (numpy, scipy, the cost model); run.learning keeps
 the points and every version per machine.
 """
@@ -30,7 +30,7 @@ from codesign.planner.plan import Plan, stage_kind
 
 MIN_POINTS = 6  # measured points before the first refit: fewer pin no factor
 GROWTH = 1.2  # refit once the points have grown by a fifth since the last fit (Ansor's rule)
-FOLDS = 5  # the held-out error's folds (leave-one-out below that many points)
+HELD_OUT = 1 / 3  # the newest share of the points a refit is judged on
 MEMORY_QUANTILE = 0.95  # the memory bound covers this share of the points' peaks
 
 
@@ -69,8 +69,8 @@ class Calibration:
     plan_factors: tuple[tuple[str, float], ...]  # plan kind -> factor on its stages' seconds
     memory_factor: float  # on a stage's peak bytes
     points: int  # how many points its time factors were fitted to (the first of the machine's)
-    # mean |predicted / measured - 1| over the points the previous calibration was not fitted to,
-    # each priced by a fit without it; and the previous calibration's (or base profile's) on them
+    # mean |predicted / measured - 1| over the newest HELD_OUT of its points, priced by a fit to
+    # the older ones; and the previous calibration's (or base profile's) on them
     held_out_error: float
     previous_error: float
     accepted: bool
@@ -136,8 +136,7 @@ def fit(priced: Priced, index: Sequence[int], start: Calibration | None = None
 
     def profile(x: np.ndarray) -> DeviceProfile:
         factors = np.exp(x)
-        return dataclasses.replace(scaled(priced.base, dict(zip(COMPONENTS, factors))),
-                                   plan_factors=tuple(zip(kinds, factors[len(COMPONENTS):])))
+        return _profile(priced.base, dict(zip(COMPONENTS, factors)), dict(zip(kinds, factors[len(COMPONENTS):])))
 
     def residuals(x: np.ndarray) -> np.ndarray:
         predicted = np.array([e.seconds for e in priced.estimates(profile(x), index)])
@@ -145,19 +144,6 @@ def fit(priced: Priced, index: Sequence[int], start: Calibration | None = None
 
     found = np.exp(least_squares(residuals, x0, bounds=bounds, diff_step=1e-3).x).tolist()
     return dict(zip(COMPONENTS, found)), dict(zip(kinds, found[len(COMPONENTS):]))
-
-
-def held_out_errors(priced: Priced, start: Calibration | None = None) -> np.ndarray:
-    """|predicted / measured - 1| of every point, priced by a fit to the other folds."""
-    n = len(priced.points)
-    folds = min(FOLDS, n)
-    errors = np.empty(n)
-    for fold in range(folds):
-        test = list(range(fold, n, folds))
-        factors, kinds = fit(priced, [i for i in range(n) if i % folds != fold], start)
-        profile = dataclasses.replace(scaled(priced.base, factors), plan_factors=tuple(kinds.items()))
-        errors[test] = priced.errors(profile, test)
-    return errors
 
 
 def needed_memory(base: DeviceProfile, point: Point, found: Estimate) -> float | None:
@@ -178,18 +164,25 @@ def memory_bound(base: DeviceProfile, points: Sequence[Point]) -> float:
 
 def refit(base: DeviceProfile, points: Sequence[Point], current: Calibration | None, version: int,
           now: float) -> Calibration:
-    """A new calibration of the base profile from every point, accepted only when its held-out
-    time error is lower than the current one's (None: the base profile's) on the same points: those
-    the current one was not fitted to (a calibration prices the points it was fitted to too well)."""
+    """A new calibration of the base profile, judged forward: a fit to all but the newest
+    HELD_OUT of the points prices those, against the current calibration (None: the base
+    profile) on the same points; kept, fitted again to every point, only when it errs less there
+    (the points it will price next are new ones, not a random fold of old ones)."""
     timed = [i for i, p in enumerate(points) if p.seconds]
     priced = Priced(base, [points[i] for i in timed])
-    everything = range(len(timed))
-    factors, kinds = fit(priced, everything, current)
-    unseen = [k for k, i in enumerate(timed) if i >= (current.points if current else 0)] or list(everything)
-    held = float(held_out_errors(priced, current)[unseen].mean())
-    before = float(priced.errors(calibrated(base, current), unseen).mean())
+    held_out = max(2, round(HELD_OUT * len(timed)))
+    older, newest = range(len(timed) - held_out), range(len(timed) - held_out, len(timed))
+    factors, kinds = fit(priced, older, current)
+    held = float(priced.errors(_profile(base, factors, kinds), newest).mean())
+    before = float(priced.errors(calibrated(base, current), newest).mean())
+    if held < before:
+        factors, kinds = fit(priced, range(len(timed)), current)
     return Calibration(version, profile_id(base), tuple(factors.items()), tuple(kinds.items()),
                        memory_bound(base, points), len(points), held, before, held < before, now)
+
+
+def _profile(base: DeviceProfile, factors: dict[str, float], kinds: dict[str, float]) -> DeviceProfile:
+    return dataclasses.replace(scaled(base, factors), plan_factors=tuple(kinds.items()))
 
 
 def raised(base: DeviceProfile, points: Sequence[Point], current: Calibration | None, version: int,

@@ -25,6 +25,8 @@ Same input, same output: nothing is drawn, ties keep the space's order.
 
 from __future__ import annotations
 
+import dataclasses
+
 import functools
 import itertools
 import json
@@ -84,8 +86,9 @@ class Target:
 def targets(config: Config, platform_of: Callable[[ClusterSpec], str]) -> list[Target]:
     """Per cluster, each micro-batch count of the config's Auto search specs; without one, an Auto
     search spec of one layer group over the micro-batch counts of the manual specs matching the
-    cluster (1 when none matches)."""
-    autos = [p for p in config.parallels if p.is_auto]
+    cluster (1 when none matches). The ranking is by speed: each spec's plans are chosen by time
+    (its samples per joule are those of the fastest plan), whatever objective the spec names."""
+    autos = [dataclasses.replace(p, objective="time", max_slowdown=None, eta=0.5) for p in config.parallels if p.is_auto]
     found = []
     for cluster in config.clusters:
         specs = autos
