@@ -31,7 +31,9 @@ from codesign.planner.plan import Plan, stage_kind
 MIN_POINTS = 6  # measured points before the first refit: fewer pin no factor
 GROWTH = 1.2  # refit once the points have grown by a fifth since the last fit (Ansor's rule)
 HELD_OUT = 1 / 3  # the newest share of the points a refit is judged on
-MEMORY_QUANTILE = 0.95  # the memory bound covers this share of the points' peaks
+MEMORY_QUANTILE = 0.95  # the memory bound covers this share of the points' peaks...
+MEMORY_SLACK = 0.025  # ...to within this share: an under-prediction by more than 5% is the
+# dangerous one (an OOM); giving the top peaks 2.5% predicts every other plan that much closer
 
 
 @dataclass(frozen=True)
@@ -153,13 +155,17 @@ def needed_memory(base: DeviceProfile, point: Point, found: Estimate) -> float |
 
 
 def memory_bound(base: DeviceProfile, points: Sequence[Point]) -> float:
-    """The memory factor that puts MEMORY_QUANTILE of the points' peaks at or under their
-    prediction; 1 without points."""
-    needed = [needed_memory(base, p, e) for p, e in zip(points, Priced(base, points).estimates(base, range(len(points))))]
-    needed = [x for x in needed if x is not None]
-    if not needed:
+    """The memory factor that puts MEMORY_QUANTILE of the points' peaks within MEMORY_SLACK of
+    their prediction or under it, and every oom attempt's plan over the device's memory; 1
+    without points."""
+    priced = Priced(base, points).estimates(base, range(len(points)))
+    needed = [(needed_memory(base, p, e), p.status == OOM) for p, e in zip(points, priced)]
+    peaks = [x for x, oom in needed if x is not None and not oom]
+    ooms = [x for x, oom in needed if x is not None and oom]
+    if not peaks and not ooms:
         return 1.0
-    return float(np.clip(np.quantile(needed, MEMORY_QUANTILE, method="higher"), *FACTOR_BOUNDS))
+    covered = np.quantile(peaks, MEMORY_QUANTILE, method="higher") / (1 + MEMORY_SLACK) if peaks else 1.0
+    return float(np.clip(max([covered, *ooms]), *FACTOR_BOUNDS))
 
 
 def refit(base: DeviceProfile, points: Sequence[Point], current: Calibration | None, version: int,
