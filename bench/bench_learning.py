@@ -2,15 +2,16 @@
 
 Runs bench/learning_cpu.toml's 36 jobs (three small models; dp, op, dp x op and pipelines with
 micro-batches on 4 and 8 virtual CPU devices) on a fresh profile cache (the built-in CPU profile
-as base; manual jobs only, so nothing is probed), once with learning and once without, in one
-shuffled order (so that each third of the attempts holds every model and plan kind alike); then
+as base; manual jobs only, so nothing is probed), with learning and without, in one shuffled
+order (so that each third of the attempts holds every model and plan kind alike), each job run
+with learning then without before the next (the machine's drift is shared, not compared); then
 bench/learning_cpu_other.toml's jobs (two other models) on the learning run's cache. Prints the
 median time error |predicted / measured - 1| of the first, second and last third of the
 attempts with and without learning, the rank correlation (Spearman) of predicted and measured
 times per (model, cluster) group, the second sweep's error from its first job on, the
 calibrations fitted, and memory: the share of predicted peaks below the measured by more than
 5% and the median over-prediction; and the run-to-run difference of the two runs' measured
-medians, the noise the errors sit on. Goals (issue 49): last third <= 0.6x the first third and
+medians (one job's two runs, a minute apart), the noise the errors sit on. Goals (issue 49): last third <= 0.6x the first third and
 <= 12%; the second sweep starts within 1.2x of the first's last third; without learning no such
 fall; memory: at most 5% below by > 5%, median over-prediction <= 15%.
 
@@ -47,19 +48,38 @@ FIRST, OTHER = BENCH / "learning_cpu.toml", BENCH / "learning_cpu_other.toml"
 UNDER = 0.05  # a predicted peak below the measured by more than this is an under-prediction
 
 
-def sweep(config_path: Path, db: Path, cache: Path, learning: bool, seed: int, timeout: float,
-          jobs: int | None = None) -> list[dict]:
-    """Run the config's jobs (the first `jobs` of them) in a seeded shuffled order; its attempts,
-    in the order they ran."""
-    config = load_config(str(config_path))
-    planned = list(enumerate_jobs(config, Hosts.local(0)))
+def planned_jobs(config_path: Path, seed: int, jobs: int | None = None) -> list:
+    """The config's jobs (the first `jobs` of them) in a seeded shuffled order."""
+    planned = list(enumerate_jobs(load_config(str(config_path)), Hosts.local(0)))
     random.Random(seed).shuffle(planned)
-    planned = planned[:jobs]
+    return planned[:jobs]
+
+
+def run_one(item, config_path: Path, db: Path, cache: Path, learning: bool, timeout: float) -> None:
+    """One job as a sweep of its own, priced by the cache's latest calibration (with learning)."""
     profiles = profiles_for(Hosts.local(0), cache=ProfileCache(cache), learning=learning)
     store = Store(db)
     try:
-        run_sweep(planned, store, LocalExecutor(jax_cache_in(db.parent)), False, timeout, 1,
-                  Pricing(profiles, config.links))
+        run_sweep([item], store, LocalExecutor(jax_cache_in(db.parent)), False, timeout, 1,
+                  Pricing(profiles, load_config(str(config_path)).links))
+    finally:
+        store.close()
+
+
+def paired(config_path: Path, runs: list[tuple[Path, Path, bool]], seed: int, timeout: float,
+           jobs: int | None = None) -> list[list[dict]]:
+    """Each job of the config run once per (DB, cache, learning) of `runs`, one after the other
+    before the next job starts, so that every run sees the machine as it was for the others (a
+    machine's pace drifts by more than the errors compared); each run's attempts in order."""
+    for item in planned_jobs(config_path, seed, jobs):
+        for db, cache, learning in runs:
+            run_one(item, config_path, db, cache, learning, timeout)
+    return [_attempts(db) for db, _, _ in runs]
+
+
+def _attempts(db: Path) -> list[dict]:
+    store = Store(db)
+    try:
         return store.attempts()
     finally:
         store.close()
@@ -130,9 +150,9 @@ def main() -> int:
         os.environ.pop(name, None)
     learned, unlearned = out / "cache-learning", out / "cache-none"
     began, load = time.monotonic(), os.getloadavg()[0]
-    with_rows = sweep(FIRST, out / "learning.db", learned, True, args.seed, args.timeout, args.jobs)
-    without_rows = sweep(FIRST, out / "no-learning.db", unlearned, False, args.seed, args.timeout, args.jobs)
-    other_rows = sweep(OTHER, out / "other.db", learned, True, args.seed, args.timeout, args.jobs)
+    with_rows, without_rows = paired(FIRST, [(out / "learning.db", learned, True),
+                                             (out / "no-learning.db", unlearned, False)], args.seed, args.timeout, args.jobs)
+    (other_rows,) = paired(OTHER, [(out / "other.db", learned, True)], args.seed, args.timeout, args.jobs)
     print(f"bench_learning: {time.monotonic() - began:.0f} s wall, load {load:.1f} at the start, "
           f"{os.getloadavg()[0]:.1f} at the end; DBs and caches in {out}")
     errors = print_sweep("with learning   ", with_rows)
