@@ -1,8 +1,10 @@
 """Does the cost model learn from every run? (issue 49)
 
-Runs bench/learning_cpu.toml's 36 jobs (three small models; dp, op, dp x op and pipelines with
-micro-batches on 4 and 8 virtual CPU devices) on a fresh profile cache (the built-in CPU profile
-as base; manual jobs only, so nothing is probed), with learning and without, in one shuffled
+Measures this machine's CPU profile into a fresh profile cache (`codesign profile`, as a user's
+first sweep on a new machine does; `--base builtin` takes the built-in profile instead, which
+was fitted on the machine the project is developed on), then runs bench/learning_cpu.toml's 36
+jobs (three small models; dp, op, dp x op and pipelines with micro-batches on 4 and 8 virtual
+CPU devices; manual jobs only) priced by it, with learning and without, in one shuffled
 order (so that each third of the attempts holds every model and plan kind alike), each job run
 with learning then without before the next (the machine's drift is shared, not compared); then
 bench/learning_cpu_other.toml's jobs (two other models) on the learning run's cache. Prints the
@@ -39,13 +41,24 @@ from codesign.config.jobs import enumerate_jobs
 from codesign.config.loader import load_config
 from codesign.outcome import OOM, SUCCEEDED
 from codesign.run.local import LocalExecutor
-from codesign.run.profile_cache import ProfileCache, profiles_for
+from codesign.run.profile_cache import ProfileCache, measure, profiles_for, this_machine
 from codesign.run.sweep import Pricing, run_sweep
 from codesign.store.database import Store
 
 BENCH = Path(__file__).resolve().parent
 FIRST, OTHER = BENCH / "learning_cpu.toml", BENCH / "learning_cpu_other.toml"
 UNDER = 0.05  # a predicted peak below the measured by more than this is an under-prediction
+
+
+def measured_base(caches: list[Path]) -> str:
+    """This machine's CPU profile, measured once into every cache (one base for every run)."""
+    machine = this_machine("cpu", Hosts.local(0))
+    profile = measure(machine, ProfileCache(caches[0]))
+    if profile is None:
+        raise SystemExit("bench_learning: measuring the CPU profile failed (see above)")
+    for cache in caches[1:]:
+        ProfileCache(cache).save(machine, profile)
+    return profile.source
 
 
 def planned_jobs(config_path: Path, seed: int, jobs: int | None = None) -> list:
@@ -143,6 +156,8 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=49, help="Seed of the jobs' shuffled order.")
     parser.add_argument("--timeout", type=float, default=300.0, help="Seconds before a job is killed.")
     parser.add_argument("--jobs", type=int, help="Run only the first N jobs of each sweep (a smoke run).")
+    parser.add_argument("--base", choices=("measured", "builtin"), default="measured",
+                        help="The profile learning starts from (default: %(default)s).")
     args = parser.parse_args()
     out = args.out or Path(tempfile.mkdtemp(prefix="codesign-bench-learning-"))
     out.mkdir(parents=True, exist_ok=True)
@@ -150,10 +165,12 @@ def main() -> int:
         os.environ.pop(name, None)
     learned, unlearned = out / "cache-learning", out / "cache-none"
     began, load = time.monotonic(), os.getloadavg()[0]
+    if args.base == "measured":
+        measured_base([learned, unlearned])
     with_rows, without_rows = paired(FIRST, [(out / "learning.db", learned, True),
                                              (out / "no-learning.db", unlearned, False)], args.seed, args.timeout, args.jobs)
     (other_rows,) = paired(OTHER, [(out / "other.db", learned, True)], args.seed, args.timeout, args.jobs)
-    print(f"bench_learning: {time.monotonic() - began:.0f} s wall, load {load:.1f} at the start, "
+    print(f"bench_learning: base profile {args.base}; {time.monotonic() - began:.0f} s wall, load {load:.1f} at the start, "
           f"{os.getloadavg()[0]:.1f} at the end; DBs and caches in {out}")
     errors = print_sweep("with learning   ", with_rows)
     print_sweep("without learning", without_rows)
