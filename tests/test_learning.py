@@ -5,7 +5,6 @@ prices as estimate does under a calibration."""
 
 import dataclasses
 import json
-import sqlite3
 
 import numpy as np
 import pytest
@@ -26,6 +25,7 @@ from codesign.run.profile_cache import ProfileCache, profiles_for, this_machine
 from codesign.run.reprice import reprice
 from codesign.run.sweep import Pricing, run_sweep
 from codesign.store.database import Store
+from tests.conftest import db_rows
 from tests.test_ranking import query
 
 BASE = BUILTIN["cpu"]
@@ -98,14 +98,6 @@ def learner(cache: ProfileCache) -> Learner:
     return Learner.load(this_machine("cpu", Hosts.local(0)), cache, BASE)
 
 
-def rows(db) -> list[dict]:
-    conn = sqlite3.connect(db)
-    conn.row_factory = sqlite3.Row
-    try:
-        return [dict(r) for r in conn.execute("SELECT * FROM attempts ORDER BY id")]
-    finally:
-        conn.close()
-
 
 def recorded_calibration(row: dict):
     return json.loads(row["all_configs"])["prediction"]["calibration"]
@@ -153,10 +145,10 @@ def test_a_refit_is_due_at_six_points_then_at_a_fifth_more(cache):
 def test_two_sweeps_into_two_dbs_feed_one_calibration_and_leave_each_others_db_alone(tmp_path, cache):
     a, b = tmp_path / "a.db", tmp_path / "b.db"
     sweep(a, JOBS[:4], cache)
-    before = rows(a)
+    before = db_rows(a)
     sweep(b, JOBS[4:8], cache)
-    assert rows(a) == before
-    assert [r["job_key"] for r in rows(b)] != [r["job_key"] for r in before] and len(rows(b)) == 4
+    assert db_rows(a) == before
+    assert [r["job_key"] for r in db_rows(b)] != [r["job_key"] for r in before] and len(db_rows(b)) == 4
     pooled = learner(cache).points()
     assert [p.source.split("#")[0] for p in pooled] == [str(a)] * 4 + [str(b)] * 4
     first, second = learner(cache).versions()  # at the sixth point (four of a's, two of b's) and the eighth
@@ -166,7 +158,7 @@ def test_two_sweeps_into_two_dbs_feed_one_calibration_and_leave_each_others_db_a
 
 def test_each_attempt_records_the_calibration_that_priced_it(tmp_path, cache):
     pricing = sweep(tmp_path / "a.db", JOBS[:8], cache)
-    found = rows(tmp_path / "a.db")
+    found = db_rows(tmp_path / "a.db")
     assert [recorded_calibration(r) for r in found] == [None] * 6 + [1] * 2
     profile = pricing.book.for_job(JOBS[0])
     assert profile.calibration == 1 and profile_id(profile) != profile_id(BASE)
@@ -191,7 +183,7 @@ def test_reprice_uses_the_latest_calibration(tmp_path, cache):
         assert reprice(store, store.attempts(), book) == 8
     finally:
         store.close()
-    found = rows(tmp_path / "a.db")
+    found = db_rows(tmp_path / "a.db")
     assert [recorded_calibration(r) for r in found] == [1] * 8
     assert {r["profile_id"] for r in found} == {profile_id(learner(cache).profile)}
 
@@ -202,7 +194,7 @@ def test_no_learning_prices_by_the_base_profile_and_keeps_no_points(tmp_path, ca
     pricing = sweep(tmp_path / "a.db", JOBS[:8], cache)
     assert pricing.book.for_job(JOBS[0]) == BASE
     assert learner(cache).points() == [] and learner(cache).versions() == []
-    assert [recorded_calibration(r) for r in rows(tmp_path / "a.db")] == [None] * 8
+    assert [recorded_calibration(r) for r in db_rows(tmp_path / "a.db")] == [None] * 8
 
 
 def test_the_memory_bound_covers_the_measured_peaks_and_an_oom_raises_it():
