@@ -16,8 +16,8 @@ from tests.report_db import C2, C4, MODEL_A, MODEL_B, SIM8, build_learning
 from tests.test_report import Page, report_cli, shown
 
 # plan kind of each (pp, dp, op) and micro-batch count of tests/report_db.py's LEARNING
-KINDS = {((1, 4, 1), 1): "dp", ((1, 1, 4), 1): "op", ((1, 2, 2), 1): "dp x op", ((1, 4, 1), 2): "dp, micro-batches",
-         ((2, 2, 1), 2): "pp x dp, micro-batches", ((1, 2, 1), 1): "dp", ((1, 1, 2), 1): "op"}
+KINDS = {((1, 4, 1), 1): "dp", ((1, 1, 4), 1): "op", ((1, 2, 2), 1): "dp x op", ((1, 4, 1), 2): "dp, accumulating",
+         ((2, 2, 1), 2): "pp x dp", ((1, 2, 1), 1): "dp", ((1, 1, 2), 1): "op"}
 
 
 @pytest.fixture(scope="module")
@@ -76,10 +76,11 @@ def test_time_error_by_plan_kind(learned):
     assert [int(c["attempts"]) for c in cells.values()] == sorted((len(e) for e in by_kind.values()), reverse=True)
 
 
-def test_plan_kind_names_the_axes_used_and_micro_batches():
-    assert plan_kind(1, 1, 1, 1) == "one device"
-    assert plan_kind(2, 4, 1, 8) == "pp x dp, micro-batches"
-    assert plan_kind(1, 2, 2, float("nan")) == "dp x op"
+def test_plan_kind_is_the_kind_a_calibration_learns_by():
+    assert plan_kind(1, 1, 1, 1) == "single"
+    assert plan_kind(2, 4, 1, 8) == "pp x dp"
+    assert plan_kind(1, 4, 1, 2) == "dp, accumulating"
+    assert plan_kind(1, 2, 2, float("nan")) == "other"
     assert plan_kind(float("nan"), float("nan"), float("nan"), 2) == "other"
 
 

@@ -24,6 +24,7 @@ from codesign.outcome import (
     TIMEOUT,
 )
 from codesign.config.types import AUTO_SEARCH, ClusterSpec, ModelSpec
+from codesign.planner.plan import stage_kind
 
 SIM_PLATFORM = "sim"
 FAILURES = (FAILED, TIMEOUT, OOM, INVALID, INTERRUPTED)
@@ -136,12 +137,12 @@ def plan_label(row: dict[str, Any]) -> str:
 
 
 def plan_kind(pp: float, dp: float, op: float, micro_batches: float) -> str:
-    """The parallel axes a plan uses (degree > 1) and whether it splits the batch into micro-batches:
-    the cost model errs on one side per kind, e.g. "dp x op" or "pp x dp, micro-batches"."""
-    if any(np.isnan(degree) for degree in (pp, dp, op)):
-        return "other"  # a chosen plan whose stages have their own dp and op, or no recorded degrees
-    axes = " x ".join(name for name, degree in (("pp", pp), ("dp", dp), ("op", op)) if degree > 1)
-    return (axes or "one device") + (", micro-batches" if micro_batches > 1 else "")
+    """The plan kind a learned calibration keeps a time factor under (plan.stage_kind), so that
+    the report's error by kind is the one the cost model learns by; "other" for a chosen plan
+    whose stages have their own dp and op, or no recorded degrees."""
+    if any(np.isnan(value) for value in (pp, dp, op, micro_batches)):
+        return "other"
+    return stage_kind(int(pp), int(dp), int(op), int(micro_batches))
 
 
 def _plan_labels(frame: pd.DataFrame) -> dict[str, str]:
