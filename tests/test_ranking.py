@@ -14,7 +14,7 @@ import pytest
 from scipy.stats import spearmanr
 
 from codesign.cli import build_search_parser, main
-from codesign.planner import fast_pass, ranking
+from codesign.planner import fast_pass, objective, ranking
 from codesign.planner.auto import all_plans, choose_plan
 from codesign.planner.cost import Workload, estimate
 from codesign.planner.plan import plan_from_stages, plan_name
@@ -248,9 +248,9 @@ def test_the_frontiers_are_what_no_other_row_beats_on_both(tmp_path, flag, figur
 def test_pareto_marks_what_nothing_beats_on_both():
     params = np.array([10, 20, 20, 30, 5, 30.0])
     speed = np.array([5, 4, 6, 1, 9, np.nan])
-    assert ranking.pareto(params, speed).tolist() == [False, False, True, True, True, False]
+    assert objective.pareto(params, speed).tolist() == [False, False, True, True, True, False]
     twins = np.array([20, 10, 20, 20.0]), np.array([6, 9, 6, 5.0])  # neither of two equals beats the other
-    assert ranking.pareto(*twins).tolist() == [True, True, True, False]
+    assert objective.pareto(*twins).tolist() == [True, True, True, False]
 
 
 def test_the_report_section_is_the_csvs(tmp_path):

@@ -9,6 +9,8 @@ import math
 from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
 
+import numpy as np
+
 from codesign.config.types import ParallelSpec
 from codesign.planner import power_limits
 from codesign.planner.space import Candidate, by_rank
@@ -31,11 +33,6 @@ class Objective:
         if self.name == "energy":
             return e.energy
         return self.eta * e.energy + (1 - self.eta) * max_watts * e.seconds
-
-    def describe(self) -> str:
-        bound = f" within {self.max_slowdown:.1%} of the fastest" if self.max_slowdown is not None else ""
-        eta = f" (eta {self.eta:g})" if self.name == "cost" else ""
-        return f"least {self.name}{eta}{bound}"
 
 
 TIME = Objective()
@@ -89,8 +86,19 @@ def frontier(candidates: Iterable[Candidate]) -> list[Candidate]:
     """The fitting candidates no other beats in both time and energy, fastest first."""
     points = sorted((c for c in candidates if c.estimate.fits and not math.isnan(c.estimate.energy)),
                     key=lambda c: (c.estimate.seconds, c.estimate.energy))
-    found: list[Candidate] = []
-    for c in points:
-        if not found or c.estimate.energy < found[-1].estimate.energy:
-            found.append(c)
-    return found
+    seconds, joules = (np.array([getattr(c.estimate, k) for c in points], dtype=float) for k in ("seconds", "energy"))
+    return [c for c, on in zip(points, pareto(-seconds, -joules)) if on]
+
+def pareto(params: np.ndarray, samples_per_s: np.ndarray) -> np.ndarray:
+    """Candidates no other matches on both parameters and samples/s with one of them higher (any
+    two figures where more is better: also samples/s and samples/J). Equal candidates share a
+    mark: neither beats the other."""
+    ok = np.flatnonzero(np.isfinite(samples_per_s))
+    order = ok[np.lexsort((-samples_per_s[ok], -params[ok]))]  # most parameters first, then fastest
+    speed, size = samples_per_s[order], params[order]
+    best_before = np.maximum.accumulate(np.concatenate([[-np.inf], speed]))[:-1]
+    new = np.concatenate([[True], (size[1:] != size[:-1]) | (speed[1:] != speed[:-1])])
+    first = np.maximum.accumulate(np.where(new, np.arange(len(order)), 0))  # each run of equals' first
+    marked = np.zeros(len(params), dtype=bool)
+    marked[order[(speed > best_before)[first]]] = True
+    return marked

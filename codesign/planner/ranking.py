@@ -40,6 +40,7 @@ import numpy as np
 from tqdm import tqdm
 
 from codesign.errors import PlanError
+from codesign.planner.objective import pareto
 from codesign.planner.auto import AutoChoice, NoPlanFits, choose_plan
 from codesign.planner.fast_pass import Pricer, fast_pass, pipeline_bound
 from codesign.planner.plan import layer_groups, plan_name
@@ -281,20 +282,6 @@ def _kth(seconds: np.ndarray, k: int) -> float:
     finite = seconds[np.isfinite(seconds)]
     return float(np.partition(finite, k - 1)[k - 1]) if len(finite) >= k else math.inf
 
-
-def pareto(params: np.ndarray, samples_per_s: np.ndarray) -> np.ndarray:
-    """Candidates no other matches on both parameters and samples/s with one of them higher (any
-    two figures where more is better: also samples/s and samples/J). Equal candidates share a
-    mark: neither beats the other."""
-    ok = np.flatnonzero(np.isfinite(samples_per_s))
-    order = ok[np.lexsort((-samples_per_s[ok], -params[ok]))]  # most parameters first, then fastest
-    speed, size = samples_per_s[order], params[order]
-    best_before = np.maximum.accumulate(np.concatenate([[-np.inf], speed]))[:-1]
-    new = np.concatenate([[True], (size[1:] != size[:-1]) | (speed[1:] != speed[:-1])])
-    first = np.maximum.accumulate(np.where(new, np.arange(len(order)), 0))  # each run of equals' first
-    marked = np.zeros(len(params), dtype=bool)
-    marked[order[(speed > best_before)[first]]] = True
-    return marked
 
 
 def agreement(predicted: Sequence[float], measured: Sequence[float]) -> dict[str, float]:

@@ -156,8 +156,8 @@ def energy(plans_: pd.DataFrame) -> pd.DataFrame:
 def energy_points(plans_: pd.DataFrame) -> pd.DataFrame:
     """Plans with a predicted or measured energy per iteration (succeeded measured plans, simulated
     ones), each flagged when on its group's predicted time-energy frontier: no other plan of the same
-    model, cluster and setup is predicted faster and cheaper (codesign.planner.ranking.pareto)."""
-    from codesign.planner.ranking import pareto
+    model, cluster and setup is predicted faster and cheaper (codesign.planner.objective.pareto)."""
+    from codesign.planner.objective import pareto
 
     ran = ~plans_["simulated"] & plans_["status"].eq(SUCCEEDED)
     priced = plans_["simulated"] & plans_["status"].eq(SIMULATED)
@@ -277,7 +277,7 @@ def codesign_agreement(ranking: pd.DataFrame) -> pd.DataFrame:
 def codesign_energy_frontier(ranking: pd.DataFrame) -> pd.DataFrame:
     """Per cluster of the co-design CSV: the candidates no other beats on both predicted samples/s and
     predicted samples per joule, fastest first."""
-    from codesign.planner.ranking import pareto
+    from codesign.planner.objective import pareto
 
     fit = ranking[np.isfinite(ranking["predicted_samples_per_s"]) & np.isfinite(ranking["samples_per_joule"])]
     marked = [group.index[pareto(group["predicted_samples_per_s"].to_numpy(float),
