@@ -130,7 +130,7 @@ BENCH_SMOKE = {  # "{db}": a copy of the 0.1.0 results DB
     "bench_report.py": ["--attempts", "200"],
     "bench_power.py": ["-d", "{db}", "--limits"],  # no NVML here: the limit runs say so and are skipped
     "bench_auto.py": ["--models", "tiny", "--devices", "1", "--micro", "1", "--iters", "3", "--confirm", "1"],
-    "bench_learning.py": ["--jobs", "2", "--base", "builtin"],  # measuring the base takes minutes
+    "bench_learning.py": ["--jobs", "1", "--base", "builtin"],  # measuring the base takes a minute
     "bench_energy.py": ["--groups", "2"],
 }
 

@@ -88,10 +88,6 @@ def iteration_joules(profile: DeviceProfile, stages: Sequence[Busy], seconds: An
             + unused * power.idle * seconds)
 
 
-def lowest_limit(power: PowerModel) -> float:
-    return power.limits[0]
-
-
 def can_limit(profile: DeviceProfile) -> bool:
     """Whether the device accepts power limits at all (GPUs; not virtual CPU devices)."""
     return profile.power is not None and profile.power.limits[1] > 0 and not profile.shares_cores
