@@ -5,6 +5,8 @@ prices as estimate does under a calibration."""
 
 import dataclasses
 import json
+import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -227,3 +229,23 @@ def test_a_peak_above_its_prediction_raises_the_memory_bound_at_once(cache):
     assert version.memory_only and version.accepted and version.memory_factor == pytest.approx(1.25 / 1.025)
     assert dict(version.factors) == dict.fromkeys(COMPONENTS, 1.0) and version.plan_factors == ()
     assert machine.profile.memory_factor == pytest.approx(1.25 / 1.025) and machine.profile.calibration == 1
+
+
+def test_learning_replay_prices_recorded_points_under_each_prior(tmp_path, capsys, monkeypatch):
+    """bench/learning_replay.py on a run whose steps all took 1.5x their base price: a fit to
+    either half prices the other closer than the base profile's 33%, the weaker prior closer."""
+    import sys
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "bench"))
+    import learning_replay
+
+    pool = tmp_path / "run" / "cache-learning" / "key.points.jsonl"
+    pool.parent.mkdir(parents=True)
+    pool.write_text("".join(json.dumps(p.to_dict()) + "\n" for p in points(JOBS, 1.5)))
+    monkeypatch.setattr(sys, "argv", ["learning_replay.py", str(tmp_path / "run"), "--priors", "0.03", "3"])
+    assert learning_replay.main() == 0
+    lines = capsys.readouterr().out.splitlines()
+    found = [re.search(r"two-fold ([\d.]+)% \(base profile ([\d.]+)%\).* all ([\d.]+)%", line) for line in lines]
+    (weak, base, _), (strong, base_again, _) = [[float(x) for x in m.groups()] for m in found]
+    assert base == base_again == pytest.approx(33.3, abs=0.05)
+    assert weak < strong < base and lines[0].startswith("prior 0.03, ") and "12 points" in lines[0]

@@ -22,7 +22,7 @@ from scipy.optimize import least_squares
 from codesign.config.loader import LinkSpec
 from codesign.config.types import Job
 from codesign.outcome import OOM
-from codesign.planner.calibration import COMPONENTS, FACTOR_BOUNDS, FACTOR_PRIOR, scaled
+from codesign.planner.calibration import COMPONENTS, FACTOR_BOUNDS, scaled
 from codesign.planner.cost import Workload, estimate
 from codesign.planner.device_profiles import DeviceProfile, profile_id
 from codesign.planner.formulas import Estimate
@@ -31,6 +31,11 @@ from codesign.planner.plan import Plan, stage_kind
 MIN_POINTS = 6  # measured points before the first refit: fewer pin no factor
 GROWTH = 1.2  # refit once the points have grown by a fifth since the last fit (Ansor's rule)
 HELD_OUT = 1 / 3  # the newest share of the points a refit is judged on
+# How hard a refit draws each log factor toward the base profile (calibration.FACTOR_PRIOR is the
+# probe fit's 0.03): measured steps on shared cores vary by 5-15% from one run to the next, and
+# at 0.03 the refits followed that noise; at 0.3, recorded bench runs were priced better, in
+# two-fold cross-validation and replayed in the order they ran (bench/RESULTS.md).
+LEARNING_PRIOR = 0.3
 MEMORY_QUANTILE = 0.95  # the memory bound covers this share of the points' peaks...
 MEMORY_SLACK = 0.025  # ...to within this share: an under-prediction by more than 5% is the
 # dangerous one (an OOM); giving the top peaks 2.5% predicts every other plan that much closer
@@ -82,6 +87,15 @@ class Calibration:
     def to_dict(self) -> dict[str, Any]:
         return {**dataclasses.asdict(self), "factors": dict(self.factors), "plan_factors": dict(self.plan_factors)}
 
+    def summary(self) -> str:
+        """One line: what it was fitted to, how it did against the previous, what it scales."""
+        factors = ", ".join(f"{k} {f:.2f}" for k, f in (*self.factors, *self.plan_factors))
+        if self.memory_only:
+            return f"calibration {self.version}: memory x{self.memory_factor:.2f}, raised by a measured peak; {factors}"
+        return (f"calibration {self.version}: {self.points} points, held-out error {self.held_out_error:.1%} "
+                f"against {self.previous_error:.1%}, {'accepted' if self.accepted else 'rejected'}; "
+                f"memory x{self.memory_factor:.2f}; {factors}")
+
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Calibration:
         return cls(**{**data, "factors": tuple(data["factors"].items()),
@@ -125,10 +139,10 @@ class Priced:
         return np.abs(predicted / np.array([self.points[i].seconds for i in index]) - 1)
 
 
-def fit(priced: Priced, index: Sequence[int], start: Calibration | None = None
+def fit(priced: Priced, index: Sequence[int], start: Calibration | None = None, prior: float = LEARNING_PRIOR
         ) -> tuple[dict[str, float], dict[str, float]]:
     """(COMPONENTS factors, plan kind factors) by least squares of the points' relative time
-    error, each log factor drawn toward 0 (the base profile) as calibration.fitted_factors does."""
+    error, each log factor drawn toward 0 (the base profile) by `prior`."""
     kinds = sorted(set().union(*(plan_kinds(priced.points[i]) for i in index)))
     names = [*COMPONENTS, *kinds]
     begun = {**dict(start.factors), **dict(start.plan_factors)} if start else {}
@@ -142,7 +156,7 @@ def fit(priced: Priced, index: Sequence[int], start: Calibration | None = None
 
     def residuals(x: np.ndarray) -> np.ndarray:
         predicted = np.array([e.seconds for e in priced.estimates(profile(x), index)])
-        return np.concatenate([predicted / observed - 1, np.sqrt(FACTOR_PRIOR) * x])
+        return np.concatenate([predicted / observed - 1, np.sqrt(prior) * x])
 
     found = np.exp(least_squares(residuals, x0, bounds=bounds, diff_step=1e-3).x).tolist()
     return dict(zip(COMPONENTS, found)), dict(zip(kinds, found[len(COMPONENTS):]))
@@ -169,7 +183,7 @@ def memory_bound(base: DeviceProfile, points: Sequence[Point]) -> float:
 
 
 def refit(base: DeviceProfile, points: Sequence[Point], current: Calibration | None, version: int,
-          now: float) -> Calibration:
+          now: float, prior: float = LEARNING_PRIOR) -> Calibration:
     """A new calibration of the base profile, judged forward: a fit to all but the newest
     HELD_OUT of the points prices those, against the current calibration (None: the base
     profile) on the same points; kept, fitted again to every point, only when it errs less there
@@ -178,11 +192,11 @@ def refit(base: DeviceProfile, points: Sequence[Point], current: Calibration | N
     priced = Priced(base, [points[i] for i in timed])
     held_out = max(2, round(HELD_OUT * len(timed)))
     older, newest = range(len(timed) - held_out), range(len(timed) - held_out, len(timed))
-    factors, kinds = fit(priced, older, current)
+    factors, kinds = fit(priced, older, current, prior)
     held = float(priced.errors(_profile(base, factors, kinds), newest).mean())
     before = float(priced.errors(calibrated(base, current), newest).mean())
     if held < before:
-        factors, kinds = fit(priced, range(len(timed)), current)
+        factors, kinds = fit(priced, range(len(timed)), current, prior)
     return Calibration(version, profile_id(base), tuple(factors.items()), tuple(kinds.items()),
                        memory_bound(base, points), len(points), held, before, held < before, now)
 
