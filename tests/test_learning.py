@@ -231,6 +231,26 @@ def test_a_peak_above_its_prediction_raises_the_memory_bound_at_once(cache):
     assert machine.profile.memory_factor == pytest.approx(1.25 / 1.025) and machine.profile.calibration == 1
 
 
+def test_codesign_profile_lists_the_machines_calibrations_without_measuring(tmp_path, monkeypatch, capsys):
+    """`codesign profile --calibrations`: every version on stdout, one line each, oldest first;
+    none yet is said on stderr, exit 0; nothing is measured or written."""
+    from codesign.cli import main
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert main(["profile", "--platform", "cpu", "--calibrations"]) == 0
+    none = capsys.readouterr()
+    assert none.out == "" and "no calibration of the cpu devices" in none.err
+    machine = Learner.load(this_machine("cpu", Hosts.local(0)), ProfileCache(), BASE)
+    for point in points(JOBS[:8], 1.5):
+        machine.learn(point)
+    assert main(["profile", "--platform", "cpu", "--calibrations"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines == [v.summary() for v in machine.versions()] and len(lines) == 2
+    assert lines[0].startswith("calibration 1: 6 points, held-out error ") and ", accepted; memory x" in lines[0]
+    assert sorted(p.name for p in (tmp_path / "xdg" / "codesign" / "profiles").iterdir()) == [
+        f"{machine.machine.key}.{suffix}" for suffix in ("calibrations.json", "calibrations.lock", "points.jsonl")]
+
+
 def test_learning_replay_prices_recorded_points_under_each_prior(tmp_path, capsys, monkeypatch):
     """bench/learning_replay.py on a run whose steps all took 1.5x their base price: a fit to
     either half prices the other closer than the base profile's 33%, the weaker prior closer."""

@@ -64,18 +64,14 @@ class Learner:
         return calibrated(self.base, self.current)
 
     def file(self, suffix: str) -> Path:
-        return self.cache.root / f"{self.machine.key}.{suffix}"
+        return learning_file(self.cache, self.machine, suffix)
 
     def latest(self, versions: Sequence[Calibration]) -> Calibration | None:
         base = profile_id(self.base)
         return next((v for v in reversed(versions) if v.accepted and v.base == base), None)
 
     def versions(self) -> list[Calibration]:
-        try:
-            data = json.loads(self.file("calibrations.json").read_text())
-        except FileNotFoundError:
-            return []
-        return [Calibration.from_dict(v) for v in data["versions"]]
+        return calibration_versions(self.cache, self.machine)
 
     def points(self) -> list[Point]:
         """Every point of the machine; a line that does not read (a crash mid-write) is skipped."""
@@ -144,6 +140,19 @@ class Learner:
         with tempfile.NamedTemporaryFile("w", dir=path.parent, suffix=".tmp", delete=False) as f:
             json.dump(data, f, indent=1)
         os.replace(f.name, path)
+
+
+def learning_file(cache: ProfileCache, machine: Machine, suffix: str) -> Path:
+    return cache.root / f"{machine.key}.{suffix}"
+
+
+def calibration_versions(cache: ProfileCache, machine: Machine) -> list[Calibration]:
+    """Every calibration version fitted on the machine, oldest first."""
+    try:
+        data = json.loads(learning_file(cache, machine, "calibrations.json").read_text())
+    except FileNotFoundError:
+        return []
+    return [Calibration.from_dict(v) for v in data["versions"]]
 
 
 def point_of(job: Job, outcome: Outcome, links: Sequence[LinkSpec], source: str, base: str) -> Point | None:
