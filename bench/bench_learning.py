@@ -4,16 +4,17 @@ Measures this machine's CPU profile into a fresh profile cache (`codesign profil
 first sweep on a new machine does; `--base builtin` takes the built-in profile instead, which
 was fitted on the machine the project is developed on), then runs bench/learning_cpu.toml's 36
 jobs (three small models; dp, op, dp x op and pipelines with micro-batches on 4 and 8 virtual
-CPU devices; manual jobs only) priced by it, with learning and without, in one shuffled
-order (so that each third of the attempts holds every model and plan kind alike), each job run
-with learning then without before the next (the machine's drift is shared, not compared); then
+CPU devices; manual jobs only) priced by it, with learning and without, in three rounds that
+each run every plan once (planned_jobs), each job run with learning then without before the
+next (the machine's drift is shared, not compared); then
 bench/learning_cpu_other.toml's jobs (two other models) on the learning run's cache. Prints the
 median time error |predicted / measured - 1| of the first, second and last third of the
 attempts with and without learning, the rank correlation (Spearman) of predicted and measured
 times per (model, cluster) group, the second sweep's error from its first job on, the
 calibrations fitted, and memory: the share of predicted peaks below the measured by more than
 5% and the median over-prediction; and the run-to-run difference of the two runs' measured
-medians (one job's two runs, a minute apart), the noise the errors sit on. Goals (issue 49): last third <= 0.6x the first third and
+medians (one job's two runs, a minute apart), the noise the errors sit on, and, job for job over
+the last third, how much closer learning priced it than the same job's run without. Goals (issue 49): last third <= 0.6x the first third and
 <= 12%; the second sweep starts within 1.2x of the first's last third; without learning no such
 fall; memory: at most 5% below by > 5%, median over-prediction <= 15%.
 
@@ -40,6 +41,7 @@ from codesign.config.hosts import Hosts
 from codesign.config.jobs import enumerate_jobs
 from codesign.config.loader import load_config
 from codesign.outcome import OOM, SUCCEEDED
+from codesign.planner.learning import Calibration
 from codesign.run.local import LocalExecutor
 from codesign.run.profile_cache import ProfileCache, measure, profiles_for, this_machine
 from codesign.run.sweep import Pricing, run_sweep
@@ -62,10 +64,28 @@ def measured_base(caches: list[Path]) -> str:
 
 
 def planned_jobs(config_path: Path, seed: int, jobs: int | None = None) -> list:
-    """The config's jobs (the first `jobs` of them) in a seeded shuffled order."""
+    """The config's jobs (the first `jobs` of them) in rounds, one round per model: each round
+    runs every plan once, its models rotated from round to round (a Latin square), in a seeded
+    shuffled order within it. So each third of the first sweep holds the same plans, and the
+    last third's errors compare with the first's job for job kind: a shuffled order had put
+    other plans in each third, and a third's median moved with them."""
     planned = list(enumerate_jobs(load_config(str(config_path)), Hosts.local(0)))
-    random.Random(seed).shuffle(planned)
-    return planned[:jobs]
+    models = list(dict.fromkeys(item.job.model for item in planned))
+    by_plan: dict[tuple, dict] = {}
+    for item in planned:
+        by_plan.setdefault(plan_of(item.job), {})[item.job.model] = item
+    order, shuffle = [], random.Random(seed).shuffle
+    for turn in range(len(models)):
+        round_ = [found[models[(i + turn) % len(models)]] for i, found in enumerate(by_plan.values())
+                  if models[(i + turn) % len(models)] in found]
+        shuffle(round_)
+        order += round_
+    return order[:jobs]
+
+
+def plan_of(job) -> tuple:
+    """What a job runs apart from its model."""
+    return job.cluster, job.parallel, job.num_micro_batches
 
 
 def run_one(item, config_path: Path, db: Path, cache: Path, learning: bool, timeout: float) -> None:
@@ -137,8 +157,22 @@ def run_to_run(rows: list[dict], again: list[dict]) -> float:
     return float(np.median(both)) if both else float("nan")
 
 
-def calibrations(cache: Path) -> list[dict]:
-    return [v for path in cache.glob("*.calibrations.json") for v in json.loads(path.read_text())["versions"]]
+def closer(rows: list[dict], without: list[dict]) -> tuple[float, int, int]:
+    """Over the last third of `rows`' measured attempts: the median of each job's error with
+    learning minus its error without (the same job, run just after), and how many of them
+    learning priced closer, of how many. The two runs share the machine's drift, so the
+    difference is what learning changed, less noisy than either third's median."""
+    unlearned = {r["job_key"]: abs(r["predicted_time"] / r["median"] - 1) for r in without
+                 if r["status"] == SUCCEEDED and r["median"] and r["predicted_time"]}
+    timed = [r for r in rows if r["status"] == SUCCEEDED and r["median"] and r["predicted_time"]]
+    last = [r for r in np.array_split(np.array(timed, dtype=object), 3)[2] if r["job_key"] in unlearned]
+    gains = [abs(r["predicted_time"] / r["median"] - 1) - unlearned[r["job_key"]] for r in last]
+    return (float(np.median(gains)) if gains else float("nan")), sum(g < 0 for g in gains), len(gains)
+
+
+def calibrations(cache: Path) -> list[Calibration]:
+    return [Calibration.from_dict(v) for path in cache.glob("*.calibrations.json")
+            for v in json.loads(path.read_text())["versions"]]
 
 
 def print_sweep(name: str, rows: list[dict]) -> np.ndarray:
@@ -176,6 +210,9 @@ def main() -> int:
     print_sweep("without learning", without_rows)
     print(f"run-to-run difference of the measured medians, the two runs of the same jobs: "
           f"{run_to_run(with_rows, without_rows):.1%} (median)")
+    gain, fewer, n = closer(with_rows, without_rows)
+    print(f"last third, job for job: learning's error minus the same job's without, median {gain:+.1%}; "
+          f"learning closer in {fewer} of {n}")
     other = print_sweep("second sweep (other models, learning cache)", other_rows)
     print(f"second sweep's first third against the first sweep's last: "
           f"{thirds(other)[0] / thirds(errors)[2]:.2f}x (goal <= 1.2); its first five attempts: "
@@ -189,10 +226,8 @@ def main() -> int:
         under, over, n = memory_figures(rows)
         print(f"memory, {name}: {under:.1%} of {n} predicted peaks below the measured by > {UNDER:.0%}; "
               f"median over-prediction {over:.1%}")
-    for v in calibrations(learned):
-        print(f"calibration {v['version']}: {v['points']} points, held-out error {v['held_out_error']:.1%} against "
-              f"{v['previous_error']:.1%}, {'accepted' if v['accepted'] else 'rejected'}; memory x{v['memory_factor']:.2f}; "
-              + ", ".join(f"{k} {f:.2f}" for k, f in {**v["factors"], **v["plan_factors"]}.items()))
+    for version in calibrations(learned):
+        print(version.summary())
     return 0
 
 
