@@ -11,7 +11,10 @@
 #     through the real CLI at bf16 and fp32, batch 1024 and 4096, into one fresh DB;
 #  4. the cost model's error on those results (bench/bench_cost_model.py; target: median <= 10%), and the
 #     built-in profile's of this device kind on the same (the H200's is a measured one; the H100's its data sheet's);
-#  9. (after part 4) energy: part 3's joules per iteration against predicted_energy, per job (target: within 15%),
+# 10. (after part 4) the cost model learns (issue 49): bench/gpu_cost.toml again into a second DB, on the
+#     same profile cache, so priced by the calibration part 3's attempts refitted (the versions are printed):
+#     part 4's error on the second DB (target: median <= 5%);
+#  9. (after part 10) energy: part 3's joules per iteration against predicted_energy, per job (target: within 15%),
 #     then, where NVML lets this user set the power limit, part 3's first job at three limits (default, 80%, 60%):
 #     measured time and energy against predicted (bench/bench_power.py; without permission it says why, exit 0);
 #  5. the step bench at batch 1024, bf16 then fp32: the plain reference (project/reference);
@@ -27,7 +30,7 @@
 #     all of them together (bench/flag_winners.py), so one lease finds the combination to make the default.
 # The whole check ends within GPU_CHECK_SECONDS (360 s) of its start: each part's timeout is cut to the time
 # left, and a part with less than 15 s left is skipped.
-# GPU_CHECK_PARTS="1 2 3 4" runs those parts alone (default: 1-6 and 9), for a device lease too short for all;
+# GPU_CHECK_PARTS="1 2 3 4" runs those parts alone (default: 1-6, 10 and 9), for a device lease too short for all;
 # GPU_CHECK_ROWS="project-bias-add reference" adds bench_step rows to part 1 (a before/after in one run;
 # project-one-vector: no leaf kept whole beside the flat vector, EngineOptions.whole_leaf; project-whole-leaf: the
 # fp32 step's large leaves whole in bf16 too, so Adam updates the DOT kernel in a kernel of its own, traced too);
@@ -67,7 +70,7 @@ keep() {  # the files made so far, back in one archive (the JAX caches stay behi
 bench_step() { timeout $(within $t_bench) "$py" bench/bench_step.py "${model[@]}" --cache "$JAX_COMPILATION_CACHE_DIR" "$@"; }
 
 part() {  # a part named in GPU_CHECK_PARTS, with 15 s or more of the check's time left
-  [[ " ${GPU_CHECK_PARTS:-1 2 3 4 5 6 9} " == *" ${1%.} "* ]] || return 1
+  [[ " ${GPU_CHECK_PARTS:-1 2 3 4 10 9 5 6} " == *" ${1%.} "* ]] || return 1
   if (( end - $(date +%s) < 15 )); then echo "## $* skipped: the check's $seconds s are spent"; return 1; fi
   echo "## $*"
 }
@@ -88,25 +91,29 @@ grep -E "matmul|bandwidth|memory|power|dispatch|compiled|lowered in|measured in|
 keep
 fi
 
-if part 3. bench/gpu_cost.toml through the CLI: precisions $precisions, batches $batches; then
-deadline=$(( $(date +%s) + $(within $t_cli) ))
+cost_pass() {  # bench/gpu_cost.toml through the CLI into DB $1, each precision and batch, within $2 s; then its rows
+deadline=$(( $(date +%s) + $2 ))
 for precision in $precisions; do
   for batch in $batches; do
     config="$work/gpu_cost_${precision}_${batch}.toml"
     sed -e "s/^precision = .*/precision = \"$precision\"/" -e "s/^avg_batch_size_per_device = .*/avg_batch_size_per_device = $batch/" \
         -e "s/^platform = .*/platform = \"$platform\"/" bench/gpu_cost.toml > "$config"
     left=$(( deadline - $(date +%s) ))
-    [ "$left" -gt 5 ] || { echo "part 3 out of time before $precision $batch"; break 2; }
-    timeout $left "$py" -m codesign -c "$config" -d "$work/gpu.db" --manual-job-timeout 90 2>&1 | tail -n 4
+    [ "$left" -gt 5 ] || { echo "out of time before $precision $batch"; break 2; }
+    timeout $left "$py" -m codesign -c "$config" -d "$1" --manual-job-timeout 90 2>&1 | tail -n 4
   done
 done
-"$py" -m codesign export all -d "$work/gpu.db" -o "$work/gpu_results.csv"
-"$py" - "$work/gpu_results.csv" <<'PY'
+"$py" -m codesign export all -d "$1" -o "${1%.db}_results.csv"
+"$py" - "${1%.db}_results.csv" <<'PY'
 import sys, pandas as pd
 frame = pd.read_csv(sys.argv[1])
 print(frame[["status", "token_mixer", "precision", "input_batch_size", "median", "predicted_time", "throughput",
              "max_memory", "predicted_memory", "compile_time", "profile_id"]].to_string(index=False))
 PY
+}
+
+if part 3. bench/gpu_cost.toml through the CLI: precisions $precisions, batches $batches; then
+cost_pass "$work/gpu.db" $(within $t_cli)
 keep
 fi
 
@@ -114,6 +121,13 @@ if part 4. cost model error; then
 timeout $(within $t_cost) "$py" bench/bench_cost_model.py -d "$work/gpu.db" -v
 echo "# the same attempts priced by the built-in profile of this device kind (what prices it before a profile is measured):"
 timeout $(within $t_cost) "$py" bench/bench_cost_model.py -d "$work/gpu.db" --builtin -v
+keep
+fi
+
+if part 10. the cost model learns: bench/gpu_cost.toml again, priced by the calibration part 3 fitted; then
+"$py" -m codesign profile --platform $platform --calibrations
+cost_pass "$work/gpu_again.db" $(within $t_cli)
+timeout $(within $t_cost) "$py" bench/bench_cost_model.py -d "$work/gpu_again.db" -v
 keep
 fi
 

@@ -69,10 +69,22 @@ def test_part_9_compares_energy_with_the_prediction_and_runs_the_power_limits_wh
     """Part 9 exists, after part 4 and before part 5, among the default parts; the script parses."""
     script = (REPO / "bench" / "gpu_check.sh").read_text()
     assert subprocess.run(["bash", "-n", str(REPO / "bench" / "gpu_check.sh")], check=False).returncode == 0
-    assert 'GPU_CHECK_PARTS:-1 2 3 4 5 6 9}' in script
-    order = [script.index(f"\nif part {n}. ") for n in (4, 9, 5)]
+    assert 'GPU_CHECK_PARTS:-1 2 3 4 10 9 5 6}' in script
+    order = [script.index(f"\nif part {n}. ") for n in (4, 10, 9, 5)]
     assert order == sorted(order)
     assert 'bench/bench_power.py -d "$work/gpu.db" --limits' in script
+
+
+def test_part_10_runs_the_cost_jobs_again_priced_by_what_part_3_taught():
+    """Part 10 (issue 49): the calibrations listed, part 3's pass again on the same profile cache
+    into a second DB, and the cost model's error on that DB."""
+    script = (REPO / "bench" / "gpu_check.sh").read_text()
+    part = script[script.index("\nif part 10. "):script.index("\nif part 9. ")]
+    steps = ['codesign profile --platform $platform --calibrations', 'cost_pass "$work/gpu_again.db"',
+             'bench/bench_cost_model.py -d "$work/gpu_again.db"']
+    assert [part.index(step) for step in steps] == sorted(part.index(step) for step in steps)
+    first = script[script.index("\nif part 3. "):script.index("\nif part 4. ")]
+    assert 'cost_pass "$work/gpu.db"' in first
 
 
 def test_bench_power_prints_the_ratio_and_says_why_limits_cannot_be_set(tmp_path, capsys):
