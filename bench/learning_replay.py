@@ -18,13 +18,14 @@ own; the runs' own noise is in bench/RESULTS.md.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 from pathlib import Path
 
 import numpy as np
 
 from codesign.planner.device_profiles import BUILTIN, DeviceProfile
-from codesign.planner.learning import LEARNING_PRIOR, Calibration, Point, Priced, _profile, calibrated, due, fit, refit
+from codesign.planner.learning import EVIDENCE, LEARNING_PRIOR, Calibration, Point, Priced, _profile, calibrated, due, fit, refit
 
 FIRST_SWEEP = 36  # bench_learning's first sweep; the rest are its second
 
@@ -50,14 +51,14 @@ def two_fold(base: DeviceProfile, points: list[Point], prior: float) -> tuple[fl
     return float(np.median(np.concatenate(errors))), float(np.median(priced.errors(base, range(len(points)))))
 
 
-def in_order(base: DeviceProfile, points: list[Point], prior: float) -> np.ndarray:
+def in_order(base: DeviceProfile, points: list[Point], prior: float, evidence: float) -> np.ndarray:
     """Each point's error as priced by the calibration in use when it ran."""
     priced = Priced(base, points)
     current: Calibration | None = None
     last, errors = 0, []
     for i in range(len(points)):
         if due(points[:i], last):
-            found = refit(base, points[:i], current, i, 0.0, prior)
+            found = refit(base, points[:i], current, i, 0.0, prior, evidence)
             last, current = i, (found if found.accepted else current)
         errors.append(priced.errors(calibrated(base, current), [i])[0])
     return np.array(errors)
@@ -67,14 +68,16 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("runs", nargs="+", type=Path, help="bench_learning.py --out folders")
     parser.add_argument("--priors", nargs="+", type=float, default=[0.03, LEARNING_PRIOR])
+    parser.add_argument("--evidence", nargs="+", type=float, default=[EVIDENCE],
+                        help="Standard errors by which a refit must beat the current calibration.")
     args = parser.parse_args()
     found = {run: recorded(run) for run in args.runs}
-    for prior in args.priors:
+    for prior, evidence in itertools.product(args.priors, args.evidence):
         for run, (base, points) in found.items():
             cv, unfitted = two_fold(base, points, prior)
-            errors = in_order(base, points, prior)
+            errors = in_order(base, points, prior, evidence)
             thirds = " / ".join(f"{np.median(part):.1%}" for part in np.array_split(errors[:FIRST_SWEEP], 3))
-            print(f"prior {prior:g}, {run}: {len(points)} points; two-fold {cv:.1%} (base profile {unfitted:.1%}); "
+            print(f"prior {prior:g}, evidence {evidence:g}, {run}: {len(points)} points; two-fold {cv:.1%} (base profile {unfitted:.1%}); "
                   f"in order: first sweep by thirds {thirds}, all {np.median(errors):.1%}")
     return 0
 

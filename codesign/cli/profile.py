@@ -17,7 +17,6 @@ if TYPE_CHECKING:
 
 EXAMPLES = [
     ("codesign profile", "the GPUs where JAX sees some, else the CPU"),
-    ("codesign profile --platform cpu > cpu.json", "the CPU's profile, also kept as a file"),
     ("codesign profile && codesign reprice -d results.db", "then re-price a DB's attempts with it"),
     ("codesign profile --calibrations", "what the cost model has learned on this machine, one version a line"),
 ]

@@ -36,6 +36,7 @@ HELD_OUT = 1 / 3  # the newest share of the points a refit is judged on
 # at 0.03 the refits followed that noise; at 0.3, recorded bench runs were priced better, in
 # two-fold cross-validation and replayed in the order they ran (bench/RESULTS.md).
 LEARNING_PRIOR = 0.3
+EVIDENCE = 1.0
 MEMORY_QUANTILE = 0.95  # the memory bound covers this share of the points' peaks...
 MEMORY_SLACK = 0.025  # ...to within this share: an under-prediction by more than 5% is the
 # dangerous one (an OOM); giving the top peaks 2.5% predicts every other plan that much closer
@@ -183,7 +184,7 @@ def memory_bound(base: DeviceProfile, points: Sequence[Point]) -> float:
 
 
 def refit(base: DeviceProfile, points: Sequence[Point], current: Calibration | None, version: int,
-          now: float, prior: float = LEARNING_PRIOR) -> Calibration:
+          now: float, prior: float = LEARNING_PRIOR, evidence: float = EVIDENCE) -> Calibration:
     """A new calibration of the base profile, judged forward: a fit to all but the newest
     HELD_OUT of the points prices those, against the current calibration (None: the base
     profile) on the same points; kept, fitted again to every point, only when it errs less there
@@ -193,12 +194,22 @@ def refit(base: DeviceProfile, points: Sequence[Point], current: Calibration | N
     held_out = max(2, round(HELD_OUT * len(timed)))
     older, newest = range(len(timed) - held_out), range(len(timed) - held_out, len(timed))
     factors, kinds = fit(priced, older, current, prior)
-    held = float(priced.errors(_profile(base, factors, kinds), newest).mean())
-    before = float(priced.errors(calibrated(base, current), newest).mean())
-    if held < before:
+    found = priced.errors(_profile(base, factors, kinds), newest)
+    previous = priced.errors(calibrated(base, current), newest)
+    accepted = errs_less(found, previous, evidence)
+    if accepted:
         factors, kinds = fit(priced, range(len(timed)), current, prior)
     return Calibration(version, profile_id(base), tuple(factors.items()), tuple(kinds.items()),
-                       memory_bound(base, points), len(points), held, before, held < before, now)
+                       memory_bound(base, points), len(points), float(found.mean()), float(previous.mean()),
+                       accepted, now)
+
+
+def errs_less(found: np.ndarray, previous: np.ndarray, evidence: float = EVIDENCE) -> bool:
+    """Whether the same points' errors are lower under `found` than under `previous` by more than
+    `evidence` standard errors of their paired differences."""
+    differences = found - previous
+    spread = differences.std(ddof=1) / np.sqrt(len(differences)) if len(differences) > 1 else 0.0
+    return bool(differences.mean() + evidence * spread < 0)
 
 
 def _profile(base: DeviceProfile, factors: dict[str, float], kinds: dict[str, float]) -> DeviceProfile:
