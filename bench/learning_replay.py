@@ -12,7 +12,15 @@ run:
 The same measured points under each prior, so the comparison carries no run-to-run noise of its
 own; the runs' own noise is in bench/RESULTS.md.
 
+--synthetic NOISE...: no run, a simulation of the learner alone. bench_learning's jobs, in its
+order, "measured" on a made-up machine: the built-in CPU profile with each of its components
+and each plan kind's time scaled by a random factor (log-normal, the spread --truth-spread),
+each step time then times log-normal noise of each NOISE (0.01: 1%). The learner's model can
+express that machine exactly, so what it shows is how far noise alone keeps the learner from
+it: the same goals as bench_learning's, per noise level and per made-up machine (--seeds).
+
     python bench/learning_replay.py /tmp/bl/run1 /tmp/bl/run2 --priors 0.03 0.3 1
+    python bench/learning_replay.py --synthetic 0.01 0.03 0.09 --seeds 3
 """
 
 from __future__ import annotations
@@ -24,7 +32,11 @@ from pathlib import Path
 
 import numpy as np
 
+from codesign.config.loader import load_config
+from codesign.planner.calibration import COMPONENTS
+from codesign.planner.cost import Workload, estimate
 from codesign.planner.device_profiles import BUILTIN, DeviceProfile
+from codesign.planner.plan import make_plan, stage_kind
 from codesign.planner.learning import EVIDENCE, LEARNING_PRIOR, Calibration, Point, Priced, _profile, calibrated, due, fit, refit
 
 FIRST_SWEEP = 36  # bench_learning's first sweep; the rest are its second
@@ -64,9 +76,45 @@ def in_order(base: DeviceProfile, points: list[Point], prior: float, evidence: f
     return np.array(errors)
 
 
+def synthetic(noise: float, spread: float, seed: int) -> tuple[DeviceProfile, list[Point]]:
+    """The built-in CPU profile and bench_learning's jobs measured on a made-up machine (see above)."""
+    from bench_learning import FIRST, OTHER, planned_jobs
+
+    base, random = BUILTIN["cpu"], np.random.default_rng(seed)
+    jobs = [(item.job, load_config(str(config)).links) for config in (FIRST, OTHER)
+            for item in planned_jobs(config, 49)]
+    kinds = sorted({stage_kind(len(plan.stages), s.dp, s.op, plan.num_micro_batches)
+                    for plan in (make_plan(job) for job, _ in jobs) for s in plan.stages})
+    truth = _profile(base, dict(zip(COMPONENTS, np.exp(random.normal(0, spread, len(COMPONENTS))))),
+                     dict(zip(kinds, np.exp(random.normal(0, spread / 2, len(kinds))))))
+    points = []
+    for i, (job, links) in enumerate(jobs):
+        found = estimate(Workload.of(job, truth, links), make_plan(job))
+        points.append(Point(job, make_plan(job), tuple(links), "succeeded",
+                            found.seconds * float(np.exp(random.normal(0, noise))), found.peak_bytes, f"synthetic#{i}"))
+    return base, points
+
+
+def print_synthetic(noises: list[float], spread: float, seeds: int, prior: float, evidence: float) -> None:
+    for noise, seed in itertools.product(noises, range(seeds)):
+        base, points = synthetic(noise, spread, seed)
+        errors = in_order(base, points, prior, evidence)
+        first, _, last = (float(np.median(part)) for part in np.array_split(errors[:FIRST_SWEEP], 3))
+        other = float(np.median(np.array_split(errors[FIRST_SWEEP:], 3)[0]))
+        unfitted = float(np.median(Priced(base, points).errors(base, range(len(points)))))
+        print(f"synthetic, noise {noise:.0%}, machine {seed} (base profile off by {unfitted:.1%}), prior {prior:g}, "
+              f"evidence {evidence:g}: first sweep by thirds {first:.1%} / .. / {last:.1%}, last / first "
+              f"{last / first:.2f}; second sweep's first third {other:.1%}, {other / last:.2f}x the last")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("runs", nargs="+", type=Path, help="bench_learning.py --out folders")
+    parser.add_argument("runs", nargs="*", type=Path, help="bench_learning.py --out folders")
+    parser.add_argument("--synthetic", nargs="+", type=float, default=[], metavar="NOISE",
+                        help="Simulate the learner on made-up machines at these noise levels (0.01: 1%%).")
+    parser.add_argument("--seeds", type=int, default=3, help="Made-up machines per noise level.")
+    parser.add_argument("--truth-spread", type=float, default=0.25,
+                        help="Log-normal spread of the made-up machines' component factors (plan kinds': half).")
     parser.add_argument("--priors", nargs="+", type=float, default=[0.03, LEARNING_PRIOR])
     parser.add_argument("--evidence", nargs="+", type=float, default=[EVIDENCE],
                         help="Standard errors by which a refit must beat the current calibration.")
@@ -79,6 +127,8 @@ def main() -> int:
             thirds = " / ".join(f"{np.median(part):.1%}" for part in np.array_split(errors[:FIRST_SWEEP], 3))
             print(f"prior {prior:g}, evidence {evidence:g}, {run}: {len(points)} points; two-fold {cv:.1%} (base profile {unfitted:.1%}); "
                   f"in order: first sweep by thirds {thirds}, all {np.median(errors):.1%}")
+        if args.synthetic:
+            print_synthetic(args.synthetic, args.truth_spread, args.seeds, prior, evidence)
     return 0
 
 

@@ -269,3 +269,25 @@ def test_learning_replay_prices_recorded_points_under_each_prior(tmp_path, capsy
     (weak, base, _), (strong, base_again, _) = [[float(x) for x in m.groups()] for m in found]
     assert base == base_again == pytest.approx(33.3, abs=0.05)
     assert weak < strong < base and lines[0].startswith("prior 0.03, ") and "12 points" in lines[0]
+
+
+
+def test_on_a_machine_its_model_can_express_the_learner_converges_as_noise_allows(monkeypatch, capsys):
+    """learning_replay --synthetic: bench_learning's jobs on a made-up machine (the built-in
+    profile, each component and plan kind scaled) measured with 1% noise: a sweep's last third
+    is priced within 3%, under 0.6x its first third's error; the next sweep's models start
+    within 2x of that."""
+    import sys
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "bench"))
+    import learning_replay
+
+    monkeypatch.setattr(sys, "argv", ["learning_replay.py", "--synthetic", "0.01", "--seeds", "1", "--priors", "0.3",
+                                      "--truth-spread", "0.5"])
+    assert learning_replay.main() == 0
+    (line,) = capsys.readouterr().out.splitlines()
+    found = re.search(r"noise 1%, machine 0 \(base profile off by ([\d.]+)%\).* thirds ([\d.]+)% / \.\. / ([\d.]+)%.*"
+                      r"second sweep's first third ([\d.]+)%", line)
+    unfitted, first, last, other = (float(x) / 100 for x in found.groups())
+    assert unfitted > 0.15  # the made-up machine is far from the base profile
+    assert last < 0.03 and last < 0.6 * first and other < 2 * last
