@@ -291,3 +291,16 @@ def test_on_a_machine_its_model_can_express_the_learner_converges_as_noise_allow
     unfitted, first, last, other = (float(x) / 100 for x in found.groups())
     assert unfitted > 0.15  # the made-up machine is far from the base profile
     assert last < 0.03 and last < 0.6 * first and other < 2 * last
+
+
+def test_a_refit_fits_the_newest_points_of_its_window_only():
+    """Past the window, older points no longer move the time factors; the memory bound still
+    covers every point."""
+    old = points(JOBS[:6], 3.0)
+    old = [dataclasses.replace(p, peak=p.peak * 1.5) for p in old]
+    new = points(JOBS[6:], 1.2)
+    windowed = refit(BASE, [*old, *new], None, 1, 0.0, window=6)
+    alone = refit(BASE, new, None, 1, 0.0)
+    assert windowed.factors == alone.factors and windowed.plan_factors == alone.plan_factors
+    assert windowed.points == 12 and windowed.memory_factor == pytest.approx(1.5 / 1.025)
+    assert refit(BASE, [*old, *new], None, 1, 0.0).factors != alone.factors

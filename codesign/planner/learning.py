@@ -36,7 +36,10 @@ HELD_OUT = 1 / 3  # the newest share of the points a refit is judged on
 # at 0.03 the refits followed that noise; at 0.3, recorded bench runs were priced better, in
 # two-fold cross-validation and replayed in the order they ran (bench/RESULTS.md).
 LEARNING_PRIOR = 0.3
-EVIDENCE = 1.0
+EVIDENCE = 1.0  # standard errors by which a refit must beat the current calibration (errs_less)
+# A refit fits the newest this many timed points: plenty for its few factors, the machine as it
+# is now, and a refit that stays seconds long inside a sweep (600 points took 17 s).
+REFIT_WINDOW = 300
 MEMORY_QUANTILE = 0.95  # the memory bound covers this share of the points' peaks...
 MEMORY_SLACK = 0.025  # ...to within this share: an under-prediction by more than 5% is the
 # dangerous one (an OOM); giving the top peaks 2.5% predicts every other plan that much closer
@@ -76,7 +79,7 @@ class Calibration:
     factors: tuple[tuple[str, float], ...]  # COMPONENTS -> factor, as calibration.scaled takes them
     plan_factors: tuple[tuple[str, float], ...]  # plan kind -> factor on its stages' seconds
     memory_factor: float  # on a stage's peak bytes
-    points: int  # how many points its time factors were fitted to (the first of the machine's)
+    points: int  # the machine's points when it was fitted (its time factors: the newest REFIT_WINDOW timed)
     # mean |predicted / measured - 1| over the newest HELD_OUT of its points, priced by a fit to
     # the older ones; and the previous calibration's (or base profile's) on them
     held_out_error: float
@@ -184,12 +187,14 @@ def memory_bound(base: DeviceProfile, points: Sequence[Point]) -> float:
 
 
 def refit(base: DeviceProfile, points: Sequence[Point], current: Calibration | None, version: int,
-          now: float, prior: float = LEARNING_PRIOR, evidence: float = EVIDENCE) -> Calibration:
-    """A new calibration of the base profile, judged forward: a fit to all but the newest
-    HELD_OUT of the points prices those, against the current calibration (None: the base
-    profile) on the same points; kept, fitted again to every point, only when it errs less there
-    (the points it will price next are new ones, not a random fold of old ones)."""
-    timed = [i for i, p in enumerate(points) if p.seconds]
+          now: float, prior: float = LEARNING_PRIOR, evidence: float = EVIDENCE,
+          window: int = REFIT_WINDOW) -> Calibration:
+    """A new calibration of the base profile from the newest `window` timed points, judged
+    forward: a fit to all but the newest HELD_OUT of them prices those, against the current
+    calibration (None: the base profile) on the same points; kept, fitted again to all of them,
+    only when it errs less there (the points it will price next are new ones, not a random fold
+    of old ones). The memory bound covers every point."""
+    timed = [i for i, p in enumerate(points) if p.seconds][-window:]
     priced = Priced(base, [points[i] for i in timed])
     held_out = max(2, round(HELD_OUT * len(timed)))
     older, newest = range(len(timed) - held_out), range(len(timed) - held_out, len(timed))
