@@ -21,12 +21,14 @@ it: the same goals as bench_learning's, per noise level and per made-up machine 
 
     python bench/learning_replay.py /tmp/bl/run1 /tmp/bl/run2 --priors 0.03 0.3 1
     python bench/learning_replay.py --synthetic 0.01 0.03 0.09 --seeds 3
+    python bench/learning_replay.py --time-refits 300 600 1200   # seconds of one refit per pool size
 """
 
 from __future__ import annotations
 
 import argparse
 import itertools
+import time
 import json
 from pathlib import Path
 
@@ -37,7 +39,7 @@ from codesign.planner.calibration import COMPONENTS
 from codesign.planner.cost import Workload, estimate
 from codesign.planner.device_profiles import BUILTIN, DeviceProfile
 from codesign.planner.plan import make_plan, stage_kind
-from codesign.planner.learning import EVIDENCE, LEARNING_PRIOR, Calibration, Point, Priced, _profile, calibrated, due, fit, refit
+from codesign.planner.learning import EVIDENCE, LEARNING_PRIOR, REFIT_WINDOW, Calibration, Point, Priced, _profile, calibrated, due, fit, refit
 
 FIRST_SWEEP = 36  # bench_learning's first sweep; the rest are its second
 
@@ -107,6 +109,16 @@ def print_synthetic(noises: list[float], spread: float, seeds: int, prior: float
               f"{last / first:.2f}; second sweep's first third {other:.1%}, {other / last:.2f}x the last")
 
 
+def time_refits(sizes: list[int], prior: float, evidence: float, window: int | None) -> None:
+    """Wall seconds of one refit of a pool of each size (made-up machine 0's points at 5% noise, repeated)."""
+    base, points = synthetic(0.05, 0.25, 0)
+    for size in sizes:
+        pool = (points * (size // len(points) + 1))[:size]
+        began = time.perf_counter()
+        refit(base, pool, None, 1, 0.0, prior, evidence, window or size)
+        print(f"refit of {size} points (window {window or size}): {time.perf_counter() - began:.1f} s")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("runs", nargs="*", type=Path, help="bench_learning.py --out folders")
@@ -115,6 +127,8 @@ def main() -> int:
     parser.add_argument("--seeds", type=int, default=3, help="Made-up machines per noise level.")
     parser.add_argument("--truth-spread", type=float, default=0.25,
                         help="Log-normal spread of the made-up machines' component factors (plan kinds': half).")
+    parser.add_argument("--time-refits", nargs="+", type=int, default=[], metavar="POINTS",
+                        help="Time one refit of a pool of each size, with the window in use and with none.")
     parser.add_argument("--priors", nargs="+", type=float, default=[0.03, LEARNING_PRIOR])
     parser.add_argument("--evidence", nargs="+", type=float, default=[EVIDENCE],
                         help="Standard errors by which a refit must beat the current calibration.")
@@ -129,6 +143,8 @@ def main() -> int:
                   f"in order: first sweep by thirds {thirds}, all {np.median(errors):.1%}")
         if args.synthetic:
             print_synthetic(args.synthetic, args.truth_spread, args.seeds, prior, evidence)
+        for window in (REFIT_WINDOW, None) if args.time_refits else ():
+            time_refits(args.time_refits, prior, evidence, window)
     return 0
 
 

@@ -253,7 +253,8 @@ def test_codesign_profile_lists_the_machines_calibrations_without_measuring(tmp_
 
 def test_learning_replay_prices_recorded_points_under_each_prior(tmp_path, capsys, monkeypatch):
     """bench/learning_replay.py on a run whose steps all took 1.5x their base price: a fit to
-    either half prices the other closer than the base profile's 33%, the weaker prior closer."""
+    either half prices the other closer than the base profile's 33%, the weaker prior closer;
+    --time-refits times a refit within the window and without one."""
     import sys
 
     monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "bench"))
@@ -269,7 +270,11 @@ def test_learning_replay_prices_recorded_points_under_each_prior(tmp_path, capsy
     (weak, base, _), (strong, base_again, _) = [[float(x) for x in m.groups()] for m in found]
     assert base == base_again == pytest.approx(33.3, abs=0.05)
     assert weak < strong < base and lines[0].startswith("prior 0.03, ") and "12 points" in lines[0]
-
+    monkeypatch.setattr(sys, "argv", ["learning_replay.py", "--time-refits", "12", "--priors", "0.3"])
+    assert learning_replay.main() == 0
+    timed = capsys.readouterr().out.splitlines()
+    assert [re.sub(r"[\d.]+ s$", "S", line) for line in timed] == ["refit of 12 points (window 300): S",
+                                                                    "refit of 12 points (window 12): S"]
 
 
 def test_on_a_machine_its_model_can_express_the_learner_converges_as_noise_allows(monkeypatch, capsys):

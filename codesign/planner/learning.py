@@ -38,7 +38,7 @@ HELD_OUT = 1 / 3  # the newest share of the points a refit is judged on
 LEARNING_PRIOR = 0.3
 EVIDENCE = 1.0  # standard errors by which a refit must beat the current calibration (errs_less)
 # A refit fits the newest this many timed points: plenty for its few factors, the machine as it
-# is now, and a refit that stays seconds long inside a sweep (600 points took 17 s).
+# is now, and a refit that stays seconds long inside a sweep however large the pool grows.
 REFIT_WINDOW = 300
 MEMORY_QUANTILE = 0.95  # the memory bound covers this share of the points' peaks...
 MEMORY_SLACK = 0.025  # ...to within this share: an under-prediction by more than 5% is the
