@@ -26,7 +26,6 @@ fall; memory: at most 5% below by > 5%, median over-prediction <= 15%.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import tempfile
@@ -41,7 +40,7 @@ from codesign.config.hosts import Hosts
 from codesign.config.jobs import enumerate_jobs
 from codesign.config.loader import load_config
 from codesign.outcome import OOM, SUCCEEDED
-from codesign.planner.learning import Calibration
+from codesign.run.learning import calibration_versions
 from codesign.run.local import LocalExecutor
 from codesign.run.profile_cache import ProfileCache, measure, profiles_for, this_machine
 from codesign.run.sweep import Pricing, run_sweep
@@ -170,11 +169,6 @@ def closer(rows: list[dict], without: list[dict]) -> tuple[float, int, int]:
     return (float(np.median(gains)) if gains else float("nan")), sum(g < 0 for g in gains), len(gains)
 
 
-def calibrations(cache: Path) -> list[Calibration]:
-    return [Calibration.from_dict(v) for path in cache.glob("*.calibrations.json")
-            for v in json.loads(path.read_text())["versions"]]
-
-
 def print_sweep(name: str, rows: list[dict]) -> np.ndarray:
     errors = time_errors(rows)
     first, second, last = thirds(errors)
@@ -226,7 +220,7 @@ def main() -> int:
         under, over, n = memory_figures(rows)
         print(f"memory, {name}: {under:.1%} of {n} predicted peaks below the measured by > {UNDER:.0%}; "
               f"median over-prediction {over:.1%}")
-    for version in calibrations(learned):
+    for version in calibration_versions(ProfileCache(learned), this_machine("cpu", Hosts.local(0))):
         print(version.summary())
     return 0
 

@@ -28,8 +28,8 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import time
 import json
+import time
 from pathlib import Path
 
 import numpy as np
@@ -38,8 +38,10 @@ from codesign.config.loader import load_config
 from codesign.planner.calibration import COMPONENTS
 from codesign.planner.cost import Workload, estimate
 from codesign.planner.device_profiles import BUILTIN, DeviceProfile
-from codesign.planner.plan import make_plan, stage_kind
-from codesign.planner.learning import EVIDENCE, LEARNING_PRIOR, REFIT_WINDOW, Calibration, Point, Priced, _profile, calibrated, due, fit, refit
+from codesign.planner.learning import (EVIDENCE, LEARNING_PRIOR, REFIT_WINDOW, Calibration, Point, Priced, calibrated,
+                                       due, fit, plan_kinds, refit, with_factors)
+from codesign.planner.plan import make_plan
+from codesign.run.learning import read_points
 
 FIRST_SWEEP = 36  # bench_learning's first sweep; the rest are its second
 
@@ -48,7 +50,7 @@ def recorded(run: Path) -> tuple[DeviceProfile, list[Point]]:
     """The run's base profile and its timed points, in the order they were measured."""
     cache = run / "cache-learning"
     (pool,) = cache.glob("*.points.jsonl")
-    points = [Point.from_dict(json.loads(line)) for line in pool.read_text().splitlines()]
+    points = read_points(pool)
     kept = cache / pool.name.replace(".points.jsonl", ".json")
     base = DeviceProfile.from_dict(json.loads(kept.read_text())["profile"]) if kept.exists() else BUILTIN["cpu"]
     return base, [p for p in points if p.seconds]
@@ -61,7 +63,7 @@ def two_fold(base: DeviceProfile, points: list[Point], prior: float) -> tuple[fl
     errors = []
     for fitted, priced_half in (halves, halves[::-1]):
         factors, kinds = fit(priced, fitted, prior=prior)
-        errors.append(priced.errors(_profile(base, factors, kinds), priced_half))
+        errors.append(priced.errors(with_factors(base, factors, kinds), priced_half))
     return float(np.median(np.concatenate(errors))), float(np.median(priced.errors(base, range(len(points)))))
 
 
@@ -83,16 +85,15 @@ def synthetic(noise: float, spread: float, seed: int) -> tuple[DeviceProfile, li
     from bench_learning import FIRST, OTHER, planned_jobs
 
     base, random = BUILTIN["cpu"], np.random.default_rng(seed)
-    jobs = [(item.job, load_config(str(config)).links) for config in (FIRST, OTHER)
+    jobs = [(item.job, make_plan(item.job), load_config(str(config)).links) for config in (FIRST, OTHER)
             for item in planned_jobs(config, 49)]
-    kinds = sorted({stage_kind(len(plan.stages), s.dp, s.op, plan.num_micro_batches)
-                    for plan in (make_plan(job) for job, _ in jobs) for s in plan.stages})
-    truth = _profile(base, dict(zip(COMPONENTS, np.exp(random.normal(0, spread, len(COMPONENTS))))),
+    kinds = sorted(set().union(*(plan_kinds(plan) for _, plan, _ in jobs)))
+    truth = with_factors(base, dict(zip(COMPONENTS, np.exp(random.normal(0, spread, len(COMPONENTS))))),
                      dict(zip(kinds, np.exp(random.normal(0, spread / 2, len(kinds))))))
     points = []
-    for i, (job, links) in enumerate(jobs):
-        found = estimate(Workload.of(job, truth, links), make_plan(job))
-        points.append(Point(job, make_plan(job), tuple(links), "succeeded",
+    for i, (job, plan, links) in enumerate(jobs):
+        found = estimate(Workload.of(job, truth, links), plan)
+        points.append(Point(job, plan, tuple(links), "succeeded",
                             found.seconds * float(np.exp(random.normal(0, noise))), found.peak_bytes, f"synthetic#{i}"))
     return base, points
 

@@ -121,9 +121,9 @@ def due(points: Sequence[Point], last: int) -> bool:
     return sum(p.seconds is not None for p in points) >= MIN_POINTS and len(points) >= GROWTH * last
 
 
-def plan_kinds(point: Point) -> set[str]:
-    plan, pp = point.plan, len(point.plan.stages)
-    return {stage_kind(pp, s.dp, s.op, plan.num_micro_batches) for s in plan.stages}
+def plan_kinds(plan: Plan) -> set[str]:
+    """The kinds of the plan's stages: what the calibration keeps a time factor for."""
+    return {stage_kind(len(plan.stages), s.dp, s.op, plan.num_micro_batches) for s in plan.stages}
 
 
 class Priced:
@@ -147,7 +147,7 @@ def fit(priced: Priced, index: Sequence[int], start: Calibration | None = None, 
         ) -> tuple[dict[str, float], dict[str, float]]:
     """(COMPONENTS factors, plan kind factors) by least squares of the points' relative time
     error, each log factor drawn toward 0 (the base profile) by `prior`."""
-    kinds = sorted(set().union(*(plan_kinds(priced.points[i]) for i in index)))
+    kinds = sorted(set().union(*(plan_kinds(priced.points[i].plan) for i in index)))
     names = [*COMPONENTS, *kinds]
     begun = {**dict(start.factors), **dict(start.plan_factors)} if start else {}
     bounds = np.log(FACTOR_BOUNDS)
@@ -156,7 +156,7 @@ def fit(priced: Priced, index: Sequence[int], start: Calibration | None = None, 
 
     def profile(x: np.ndarray) -> DeviceProfile:
         factors = np.exp(x)
-        return _profile(priced.base, dict(zip(COMPONENTS, factors)), dict(zip(kinds, factors[len(COMPONENTS):])))
+        return with_factors(priced.base, dict(zip(COMPONENTS, factors)), dict(zip(kinds, factors[len(COMPONENTS):])))
 
     def residuals(x: np.ndarray) -> np.ndarray:
         predicted = np.array([e.seconds for e in priced.estimates(profile(x), index)])
@@ -199,7 +199,7 @@ def refit(base: DeviceProfile, points: Sequence[Point], current: Calibration | N
     held_out = max(2, round(HELD_OUT * len(timed)))
     older, newest = range(len(timed) - held_out), range(len(timed) - held_out, len(timed))
     factors, kinds = fit(priced, older, current, prior)
-    found = priced.errors(_profile(base, factors, kinds), newest)
+    found = priced.errors(with_factors(base, factors, kinds), newest)
     previous = priced.errors(calibrated(base, current), newest)
     accepted = errs_less(found, previous, evidence)
     if accepted:
@@ -217,7 +217,8 @@ def errs_less(found: np.ndarray, previous: np.ndarray, evidence: float = EVIDENC
     return bool(differences.mean() + evidence * spread < 0)
 
 
-def _profile(base: DeviceProfile, factors: dict[str, float], kinds: dict[str, float]) -> DeviceProfile:
+def with_factors(base: DeviceProfile, factors: dict[str, float], kinds: dict[str, float]) -> DeviceProfile:
+    """The base profile with COMPONENTS factors and plan kinds' time factors, as a fit found them."""
     return dataclasses.replace(scaled(base, factors), plan_factors=tuple(kinds.items()))
 
 

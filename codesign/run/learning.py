@@ -74,15 +74,8 @@ class Learner:
         return calibration_versions(self.cache, self.machine)
 
     def points(self) -> list[Point]:
-        """Every point of the machine; a line that does not read (a crash mid-write) is skipped."""
-        found = []
-        with contextlib.suppress(FileNotFoundError), self.file("points.jsonl").open() as f:
-            for line in f:
-                try:
-                    found.append(Point.from_dict(json.loads(line)))
-                except (ValueError, KeyError, TypeError):
-                    log.warning("%s: an unreadable point skipped", self.file("points.jsonl"))
-        return found
+        """Every point of the machine."""
+        return read_points(self.file("points.jsonl"))
 
     def add(self, point: Point) -> None:
         """Append the point: one write of one line, under the file's lock."""
@@ -144,6 +137,19 @@ class Learner:
 
 def learning_file(cache: ProfileCache, machine: Machine, suffix: str) -> Path:
     return cache.root / f"{machine.key}.{suffix}"
+
+
+def read_points(path: Path) -> list[Point]:
+    """The points of a pool file, in the order they were added; a line that does not read (a crash
+    mid-write) is skipped."""
+    found = []
+    with contextlib.suppress(FileNotFoundError), path.open() as f:
+        for line in f:
+            try:
+                found.append(Point.from_dict(json.loads(line)))
+            except (ValueError, KeyError, TypeError):
+                log.warning("%s: an unreadable point skipped", path)
+    return found
 
 
 def calibration_versions(cache: ProfileCache, machine: Machine) -> list[Calibration]:
