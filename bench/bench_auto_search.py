@@ -13,8 +13,8 @@ import argparse
 import sys
 
 from codesign.planner.auto import EXHAUSTIVE_LIMIT, choose_plan
-from codesign.planner.device_profiles import ProfileBook
-from codesign.planner.plan import plan_name
+from codesign.hardware.profiles import ProfileBook
+from codesign.cost.plan import plan_name
 from codesign.planner.space import space_size
 from codesign.config.types import ClusterSpec, Job, ModelSpec, ParallelSpec, TrainingSpec
 

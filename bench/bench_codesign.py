@@ -74,7 +74,7 @@ def time_ranking(name: str, fixture: Path) -> None:
     """Rank the default space on one RANKINGS config, in process, one target at a time."""
     from codesign.cli import build_search_parser
     from codesign.planner import ranking
-    from codesign.planner.device_profiles import ProfileBook
+    from codesign.hardware.profiles import ProfileBook
     from codesign.zhen import search
 
     config = ranked_config(name, fixture)

@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from codesign.outcome import SUCCEEDED
-from codesign.planner.device_profiles import DeviceProfile, ProfileBook, builtin_kind
+from codesign.hardware.profiles import DeviceProfile, ProfileBook, builtin_kind
 from codesign.run.profile_cache import profiles_for
 from codesign.run.reprice import prediction
 from codesign.config.hosts import Hosts

@@ -19,9 +19,9 @@ from pathlib import Path
 from codesign.config.loader import load_config
 from codesign.config.types import Job, ParallelSpec
 from codesign.planner.auto import choose_plan
-from codesign.planner.cost import Workload, estimate
-from codesign.planner.device_profiles import ProfileBook
-from codesign.planner.plan import Plan, StagePlan, plan_name
+from codesign.cost.model import Workload, estimate
+from codesign.hardware.profiles import ProfileBook
+from codesign.cost.plan import Plan, StagePlan, plan_name
 from codesign.planner.power_limits import per_stage
 
 HERE = Path(__file__).resolve().parent

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from codesign.errors import PlanError
 from codesign.outcome import SUCCEEDED, Outcome
-from codesign.planner.plan import make_plan, plan_name
+from codesign.cost.plan import make_plan, plan_name
 from codesign.run.discovery import local_gpu_count
 from codesign.run.local import LocalExecutor
 from codesign.run.sweep import invalid_outcome

@@ -66,8 +66,8 @@ from codesign.engine import step as single_stage
 from codesign.engine.job import build_training, configure_jax
 from codesign.engine.options import EngineOptions, engine_options
 from codesign.engine.probe.compiles import cores_busy, cpu_seconds
-from codesign.planner.plan import MESH_AXES, make_plan
-from codesign.planner.device_profiles import builtin_kind
+from codesign.cost.plan import MESH_AXES, make_plan
+from codesign.hardware.profiles import builtin_kind
 from codesign.config.types import ClusterSpec, Job, ModelSpec, ParallelSpec, TrainingSpec
 from codesign.zhen import counts, network
 

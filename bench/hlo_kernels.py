@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import kernel_table
 
-from codesign.planner.device_profiles import DATA_SHEETS
+from codesign.hardware.datasheets import DATA_SHEETS
 
 BYTES = {"pred": 1, "s8": 1, "u8": 1, "f8e4m3fn": 1, "f8e5m2": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2,
          "s32": 4, "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8, "c64": 8, "c128": 16}

@@ -2,12 +2,12 @@
 
 Each DIR is a `bench/bench_learning.py --out DIR` run: its learning cache keeps every point it
 measured, in the order they ran, and the profile it started from (none kept: the built-in CPU
-profile). For each prior (planner.learning.LEARNING_PRIOR is the one in use) it prints, per
+profile). For each prior (cost.learning.LEARNING_PRIOR is the one in use) it prints, per
 run:
 - two-fold: the median |predicted / measured - 1| of every point priced by a fit to the other
   half (even and odd points), the base profile's beside it;
 - in order: the points priced as a sweep would have priced them, each by the calibration in use
-  when it ran (refits when due, judged as planner.learning.refit judges), the median error of
+  when it ran (refits when due, judged as cost.learning.refit judges), the median error of
   the first sweep's thirds and of all the points.
 The same measured points under each prior, so the comparison carries no run-to-run noise of its
 own; the runs' own noise is in bench/RESULTS.md.
@@ -35,12 +35,12 @@ from pathlib import Path
 import numpy as np
 
 from codesign.config.loader import load_config
-from codesign.planner.calibration import COMPONENTS
-from codesign.planner.cost import Workload, estimate
-from codesign.planner.device_profiles import BUILTIN, DeviceProfile
-from codesign.planner.learning import (EVIDENCE, LEARNING_PRIOR, REFIT_WINDOW, Calibration, Point, Priced, calibrated,
+from codesign.cost.calibration import COMPONENTS
+from codesign.cost.model import Workload, estimate
+from codesign.hardware.profiles import BUILTIN, DeviceProfile
+from codesign.cost.learning import (EVIDENCE, LEARNING_PRIOR, REFIT_WINDOW, Calibration, Point, Priced, calibrated,
                                        due, fit, plan_kinds, refit, with_factors)
-from codesign.planner.plan import make_plan
+from codesign.cost.plan import make_plan
 from codesign.run.learning import read_points
 
 FIRST_SWEEP = 36  # bench_learning's first sweep; the rest are its second

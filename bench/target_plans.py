@@ -37,9 +37,9 @@ from jax.sharding import Mesh
 from codesign.engine import pipeline, programs
 from codesign.engine import step as single_stage
 from codesign.planner.auto import choose_plan
-from codesign.planner.cost import Workload, estimate
-from codesign.planner.plan import MESH_AXES, Plan, make_plan
-from codesign.planner.device_profiles import ProfileBook
+from codesign.cost.model import Workload, estimate
+from codesign.cost.plan import MESH_AXES, Plan, make_plan
+from codesign.hardware.profiles import ProfileBook
 from codesign.config.loader import load_config
 from codesign.config.hosts import Hosts
 from codesign.config.jobs import enumerate_jobs

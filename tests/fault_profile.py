@@ -11,7 +11,7 @@ import subprocess
 import sys
 import time
 
-from codesign.planner.device_profiles import BUILTIN
+from codesign.hardware.profiles import BUILTIN
 
 
 def main(out: str) -> None:

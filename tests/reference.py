@@ -9,7 +9,7 @@ import jax
 import numpy as np
 
 from codesign.engine.job import build_training, train_steps
-from codesign.planner.plan import make_plan
+from codesign.cost.plan import make_plan
 from codesign.config.types import ModelSpec
 from codesign.zhen import network
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from codesign.outcome import SIMULATED, Outcome
 from codesign.planner.columns import plan_columns
-from codesign.planner.plan import Plan, plan_from_stages
+from codesign.cost.plan import Plan, plan_from_stages
 from codesign.config.jobs import job_key
 from codesign.config.types import (
     AUTO_SEARCH,

@@ -11,9 +11,9 @@ import pytest
 from codesign.planner import auto
 from codesign.planner.auto import NoPlanFits, choose_plan, dp_search
 from codesign.planner.columns import plan_columns
-from codesign.planner.cost import Workload, estimate
-from codesign.planner.plan import check_plan
-from codesign.planner.device_profiles import BUILTIN, ProfileBook
+from codesign.cost.model import Workload, estimate
+from codesign.cost.plan import check_plan
+from codesign.hardware.profiles import BUILTIN, ProfileBook
 from codesign.planner.space import Candidate, all_plans, space_size
 from codesign.config.types import ClusterSpec, Job, ModelSpec, ParallelSpec, TrainingSpec
 
@@ -70,10 +70,11 @@ def test_choose_plan_ranks_the_plans_that_fit_fastest_first_and_each_runs():
 
 
 def test_unbalanced_layers_get_an_uneven_split_on_unequal_submeshes():
-    """Layer 0 holds four DOT mixers, layers 1-3 one LINEAR each, on two hosts joined by TCP (a
-    data-parallel all-reduce of the DOT kernels is dear there): the plan is a pipeline whose
-    stages hold different numbers of layers, and the heavy layer's stage has the most devices."""
-    choice = choose_plan(auto_job(HEAVY_FIRST, hosts=2, per_host=2, transport="TCPx4", micro=16), ProfileBook())
+    """Layer 0 holds four DOT mixers, layers 1-3 one LINEAR each, on four hosts of one GPU joined by
+    EFA (a data-parallel all-reduce of the DOT kernels over all four is dear there): the plan is a
+    pipeline whose stages hold different numbers of layers, and the heavy layer's stage has the
+    most devices."""
+    choice = choose_plan(auto_job(HEAVY_FIRST, hosts=4, per_host=1, transport="EFAx4", micro=16), ProfileBook())
     stages = choice.best().plan.stages
     assert len(stages) > 1 and len({len(s.layers) for s in stages}) > 1
     heavy = next(s for s in stages if 0 in s.layers)

@@ -9,8 +9,8 @@ import pytest
 
 from codesign.planner.auto import NoPlanFits, choose_plan
 from codesign.planner.columns import plan_columns
-from codesign.planner.plan import Plan
-from codesign.planner.device_profiles import ProfileBook
+from codesign.cost.plan import Plan
+from codesign.hardware.profiles import ProfileBook
 from codesign.report.frame import attempts_frame
 from codesign.run.local import LocalExecutor
 from codesign.run.profile_cache import Profiles
@@ -53,7 +53,7 @@ JOB = Job(MODEL, ClusterSpec(1, 4, "NVLink", "cpu"), TrainingSpec(3, 3),
 
 SCRIPT = """
 import json
-from codesign.planner.plan import Plan
+from codesign.cost.plan import Plan
 from codesign.config.types import ClusterSpec, Job, ParallelSpec, TrainingSpec
 from tests.reference import differences, live_leaves, two_steps
 from tests.test_auto_runs import JOB, MODEL

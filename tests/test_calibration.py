@@ -1,4 +1,4 @@
-"""The profile's calibration: the factors fitted to real probe steps (planner/calibration.py,
+"""The profile's calibration: the factors fitted to real probe steps (cost/calibration.py,
 pure: its tests import no JAX) and the CPU probes that time them (engine/probe/, in children)."""
 
 import json
@@ -9,16 +9,16 @@ import sys
 import numpy as np
 import pytest
 
-from codesign.planner.calibration import (
+from codesign.cost.calibration import (
     COMPONENTS,
     WIDE_PROBE,
     fitted_factors,
     probe_jobs,
     scaled,
 )
-from codesign.planner.cost import Workload, estimate
-from codesign.planner.plan import make_plan
-from codesign.planner.device_profiles import BUILTIN
+from codesign.cost.model import Workload, estimate
+from codesign.cost.plan import make_plan
+from codesign.hardware.profiles import BUILTIN
 from tests.conftest import FAST_XLA, run_on_devices
 
 
@@ -84,7 +84,7 @@ def test_probe_steps_start_from_host_drawn_parameters_of_the_models_shapes_compi
         import json, jax, numpy as np
         from codesign.engine.probe.probe_steps import probe_params
         from codesign.engine.programs import initial_params
-        from codesign.planner.calibration import probe_jobs
+        from codesign.cost.calibration import probe_jobs
         compiles = []
         jax.monitoring.register_event_duration_secs_listener(
             lambda event, secs, **kw: compiles.append(event) if event.endswith("backend_compile_duration") else 0)
@@ -125,8 +125,8 @@ def test_the_cpu_link_latency_is_one_more_array_in_a_program_reducing_many():
 
 
 def test_the_fit_runs_without_jax():
-    code = ("import sys\nfrom codesign.planner.calibration import fitted_factors, probe_jobs\n"
-            "from codesign.planner.device_profiles import BUILTIN\n"
+    code = ("import sys\nfrom codesign.cost.calibration import fitted_factors, probe_jobs\n"
+            "from codesign.hardware.profiles import BUILTIN\n"
             "fitted_factors(BUILTIN['cpu'], probe_jobs(1), [0.01] * 4)\nassert 'jax' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
 
@@ -160,7 +160,8 @@ def test_a_cpu_profile_compiles_every_program_before_it_times_any(tmp_path, monk
     from types import SimpleNamespace
 
     from codesign.engine.probe import cpu_profile as engine  # JAX: here only
-    from codesign.planner.device_profiles import LAYER, Link
+    from codesign.hardware.links import Link
+    from codesign.hardware.profiles import LAYER
     from codesign.config.types import MIXERS
 
     events = []

@@ -7,8 +7,10 @@ import sys
 
 import pytest
 
-from codesign.planner import cost, formulas, shared_cores
-from codesign.planner.cost import (
+from codesign.cost import model as cost
+from codesign.cost import formulas
+from codesign.hardware import collectives, shared_cores
+from codesign.cost.model import (
     Memory,
     StageCost,
     Submesh,
@@ -18,18 +20,18 @@ from codesign.planner.cost import (
     simulate,
     stage_compute,
 )
-from codesign.planner import device_profiles
-from codesign.planner.plan import Plan, StagePlan, make_plan
-from codesign.planner.device_profiles import (
+from codesign.hardware import profiles as device_profiles
+from codesign.cost.plan import Plan, StagePlan, make_plan
+from codesign.hardware.datasheets import DATA_SHEETS
+from codesign.hardware.device import Devices
+from codesign.hardware.links import Link, cluster_links
+from codesign.hardware.profiles import (
     BUILTIN,
-    DATA_SHEETS,
     ENCODER_PAIR,
     MEASURED,
     DeviceProfile,
-    Link,
     ProfileBook,
     Rate,
-    cluster_links,
     interpolated,
 )
 from codesign.config.loader import LinkSpec
@@ -48,25 +50,33 @@ def job(model=SEED, hosts=1, per_host=1, pp_dp_op=(1, 1, 1), micro=1, batch=1024
     return Job(model, cluster, TrainingSpec(batch, 5, precision=precision), spec, micro, "sim")
 
 
+def devices(profile: DeviceProfile) -> Devices:
+    """The hardware's answers for a profile's devices on one host."""
+    return Devices.of(profile, ClusterSpec(1, 8, "NVLink"), Link(1e9, 1e-6), Link(1e9, 1e-6))
+
+
 def priced(j: Job, profile: DeviceProfile | None = None) -> cost.Estimate:
     return estimate(Workload.of(j, profile or BUILTIN[j.cluster.device]), make_plan(j))
 
 
 def test_importing_the_planner_and_pricing_never_imports_jax():
-    code = ("import sys, codesign.planner.cost, codesign.planner.space, codesign.planner.listing, "
+    code = ("import sys, codesign.cost.model, codesign.planner.space, codesign.planner.listing, "
             "codesign.run.profile_cache, codesign.cli; assert 'jax' not in sys.modules, 'jax imported'")
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
 def test_collective_formulas():
+    """Shared cores' rings (XLA:CPU's collectives): 2(n-1) steps for an all-reduce, n-1 for the
+    others; across hosts, inside each host first, then a quarter of the bytes across."""
     link = Link(bandwidth=100.0, latency=1.0)
-    assert cost.all_reduce(800.0, 4, link) == pytest.approx(6 * 1.0 + 1.5 * 8.0)
-    assert cost.all_gather(800.0, 4, link) == pytest.approx(3 * 1.0 + 0.75 * 8.0)
-    assert cost.all_reduce(800.0, 1, link) == 0.0
-    assert formulas.point_to_point(100.0, link) == 2.0
-    inter = Link(10.0, 5.0)  # across 2 hosts of 4: inside each host, then a quarter of the bytes across
-    assert formulas.hierarchical(cost.all_reduce, 800.0, 2, 4, link, inter) == pytest.approx(
-        cost.all_reduce(800.0, 4, link) + cost.all_reduce(200.0, 2, inter))
+    assert collectives.ring("all-reduce", 800.0, 4, link) == pytest.approx(6 * 1.0 + 1.5 * 8.0)
+    assert collectives.ring("all-gather", 800.0, 4, link) == pytest.approx(3 * 1.0 + 0.75 * 8.0)
+    assert collectives.ring("all-reduce", 800.0, 1, link) == 0.0
+    inter = Link(10.0, 5.0)
+    cores = shared_cores.SharedCores(BUILTIN["cpu"], link, inter)
+    assert cores.point_to_point(100.0, False) == 2.0
+    assert cores.collective("all-reduce", 800.0, 2, 4) == pytest.approx(
+        collectives.ring("all-reduce", 800.0, 4, link) + collectives.ring("all-reduce", 200.0, 2, inter))
 
 
 def test_the_builtin_h100_prices_the_seed_step_it_was_fitted_to():
@@ -291,7 +301,8 @@ def test_the_dot_as_defined_has_no_fold_terms_and_the_block_fold_is_priced_as_it
     kernel's fold (forward) and unfold (backward) as fp32 traffic and two kernels of scratch."""
     defined, folded = (job(device="H100", precision="bf16", per_host=2, pp_dp_op=(1, 1, 2)) for _ in range(2))
     folded = dataclasses.replace(folded, training=dataclasses.replace(folded.training, fold_dot=True))
-    w_defined, w_folded = (Workload.of(j, BUILTIN["H100"]) for j in (defined, folded))
+    h100 = dataclasses.replace(BUILTIN["H100"], gemms=False)  # one rate per mixer, whatever the call's FLOPs
+    w_defined, w_folded = (Workload.of(j, h100) for j in (defined, folded))
     f_in = counts.layer_widths(SEED, 0)[0]
     dot_defined, dot_folded = (dict(w.mixers[0])["DOT"] for w in (w_defined, w_folded))
     assert (dot_defined.fold_kernel, dot_defined.fold_rows) == (0, 0)
@@ -300,7 +311,6 @@ def test_the_dot_as_defined_has_no_fold_terms_and_the_block_fold_is_priced_as_it
     assert dot_defined.activations - dot_folded.activations == f_in * f_in - counts.folded_pairs(f_in)
     mesh = Submesh((0, 1), 1, 2)
     (fwd_d, bwd_d, _), (fwd_f, bwd_f, _) = (cost.stage_compute(w, (0,), mesh, False, 2) for w in (w_defined, w_folded))
-    h100 = BUILTIN["H100"]  # a data sheet's profile: one rate per mixer, whatever the call's FLOPs
     kernel_seconds = dot_folded.fold_kernel * cost.PARAM_BYTES / 2 / h100.bandwidth
     saved = [d - f for d, f in zip(dot_defined.astuple(), dot_folded.astuple())]
     samples = w_defined.micro_batch
@@ -340,7 +350,7 @@ def test_gradients_are_all_reduced_once_per_step_after_the_micro_batches():
         import jax
         from codesign.engine import programs
         from codesign.engine.step import build_single_stage
-        from codesign.planner.plan import make_plan
+        from codesign.cost.plan import make_plan
         from codesign.config.types import ClusterSpec, Job, ModelSpec, ParallelSpec, TrainingSpec
         model = ModelSpec(16, 8, 4, 2, (("DOT", "ATTENTION", "LINEAR", "CONVOLUTION"),) * 2)
 
@@ -401,7 +411,7 @@ def test_pipeline_stages_on_dp_all_reduce_once_per_step():
         import jax
         from codesign.engine import programs
         from codesign.engine.pipeline import compile_pipeline
-        from codesign.planner.plan import make_plan
+        from codesign.cost.plan import make_plan
         from codesign.config.types import ClusterSpec, Job, ModelSpec, ParallelSpec, TrainingSpec
         model = ModelSpec(16, 8, 4, 2, (("DOT", "ATTENTION", "LINEAR", "CONVOLUTION"),) * 2)
 
@@ -453,8 +463,8 @@ def test_cpu_devices_share_one_memory_system_and_sync_one_array_at_a_time():
     arrays = sum(w.layers[i].tensors for i in layers)
     _, sync = cost.gradient_sync(w, layers, mesh, False, 8)
     copies = cpu.sync_traffic * nbytes * 8 / cpu.bandwidth
-    assert sync == pytest.approx(cost.all_reduce(nbytes, 8, cpu.link, calls=arrays) + copies)
-    assert arrays > 20 and sync > cost.all_reduce(nbytes, 8, cpu.link) + copies + 20 * 14 * cpu.link.latency
+    assert sync == pytest.approx(collectives.ring("all-reduce", nbytes, 8, cpu.link, calls=arrays) + copies)
+    assert arrays > 20 and sync > collectives.ring("all-reduce", nbytes, 8, cpu.link) + copies + 20 * 14 * cpu.link.latency
 
 
 def test_a_pipeline_on_shared_cores_is_no_faster_than_its_packed_work():
@@ -471,7 +481,9 @@ def test_a_pipeline_on_shared_cores_is_no_faster_than_its_packed_work():
     assert contended == pytest.approx((1 + 0.1 * (busy - 1)) * bound)
     gpu = job(per_host=4, pp_dp_op=(4, 1, 1), micro=8, num_auto_layers=4)
     plan, stages, busy = stages_of(gpu)
-    assert shared_cores.packed_bound(plan, stages, busy) < 0.5 * priced(gpu).seconds  # own devices: never binds
+    assert devices(BUILTIN["H100"]).pipeline_floor(plan, stages, busy) == 0.0  # own devices: never binds
+    assert devices(BUILTIN["cpu"]).pipeline_floor(plan, stages, busy) == pytest.approx(
+        shared_cores.packed_bound(plan, stages, busy, contention=BUILTIN["cpu"].contention))
 
 
 def test_remat_on_cpu_recomputes_the_forward_without_its_fixed_costs_again():
@@ -489,8 +501,8 @@ def test_remat_on_cpu_recomputes_the_forward_without_its_fixed_costs_again():
 
 def test_launching_a_program_costs_the_cpu_host_once_per_device():
     cpu, gpu = BUILTIN["cpu"], BUILTIN["H100"]
-    assert shared_cores.call_cost(cpu, 8) == pytest.approx(8 * shared_cores.call_cost(cpu, 1))
-    assert shared_cores.call_cost(gpu, 8) == shared_cores.call_cost(gpu, 1)
+    assert devices(cpu).call_cost(8) == pytest.approx(8 * devices(cpu).call_cost(1))
+    assert devices(gpu).call_cost(8) == devices(gpu).call_cost(1)
     j = job(model=SMALL, batch=16, device="cpu", per_host=8, pp_dp_op=(2, 4, 1), micro=4, num_auto_layers=2)
     idle = StageCost(0.0, 0.0, 0.0, {}, Memory())
     ends, _, _, host = simulate(Workload.of(j, cpu), make_plan(j), [idle, idle])
@@ -529,7 +541,7 @@ def test_cpu_zero2_is_priced_as_xla_cpu_runs_it_slower_than_without():
     w = Workload.of(job(model=UNIFORM, batch=8, per_host=8, pp_dp_op=(1, 8, 1)), BUILTIN["H100"])
     nbytes = cost.stage_params(w, range(4), 1) * cost.PARAM_BYTES
     _, gather = cost.stage_update(w, range(4), Submesh(tuple(range(8)), 8, 1), True, 8)
-    assert gather == pytest.approx(cost.all_gather(nbytes, 8, w.intra))
+    assert gather == pytest.approx(w.hw.collective("all-gather", nbytes, 1, 8))
     assert cpu.lockstep > 0 and BUILTIN["H100"].lockstep == 0
 
 
@@ -549,9 +561,9 @@ def test_op_collectives_keep_devices_in_lockstep_on_shared_cores(per_host, ranke
     alone = dataclasses.replace(w, profile=dataclasses.replace(BUILTIN["cpu"], lockstep=0.0))
     unlocked = cost.stage_compute(alone, range(4), Submesh(tuple(range(4)), 2, 2), False, 4)
     ops = dp_op[2]["op all-reduce"] / 2
-    assert dp_op[0] - ops == pytest.approx(shared_cores.lockstep(BUILTIN["cpu"], 2) * (unlocked[0] - ops))
+    assert dp_op[0] - ops == pytest.approx(devices(BUILTIN["cpu"]).lockstep(2) * (unlocked[0] - ops))
     assert dp_only[0] == cost.stage_compute(alone, range(4), Submesh(tuple(range(4)), 4, 1), False, 4)[0]
-    assert shared_cores.lockstep(BUILTIN["H100"], 4) == 1.0  # devices of their own: op's collectives are priced as such
+    assert devices(BUILTIN["H100"]).lockstep(4) == 1.0  # devices of their own: op's collectives are priced as such
 
 
 def fixed_costs_only(profile: DeviceProfile) -> DeviceProfile:
@@ -568,7 +580,9 @@ def test_an_op_groups_fixed_costs_overlap_on_the_hosts_cores():
     A profile that knows its cores charges an op group's fixed costs at up to cores / busy of one
     device's speed; independent devices (dp), a profile of unknown cores and GPUs are unchanged."""
     cpu = dataclasses.replace(BUILTIN["cpu"], cores=2)
-    fixed_share = shared_cores.fixed_share
+    def fixed_share(profile, busy, op):
+        return devices(profile).fixed_share(busy, op)
+
     assert fixed_share(cpu, 4, 4) == 0.5 > cpu.share(4) and fixed_share(cpu, 8, 2) == 0.25 > cpu.share(8)
     assert fixed_share(cpu, 2, 2) == 1.0 and fixed_share(cpu, 1, 1) == 1.0
     assert fixed_share(cpu, 4, 1) == cpu.share(4) and fixed_share(BUILTIN["cpu"], 4, 4) == BUILTIN["cpu"].share(4)
@@ -596,15 +610,15 @@ def test_an_op_groups_fixed_costs_overlap_on_the_hosts_cores():
 
 def test_a_layers_attention_encoders_are_priced_as_the_one_vmapped_call_the_engine_makes():
     a, d = counts.mixer_work("ATTENTION", 64, 4, 16), counts.mixer_work("DOT", 64, 4, 16)
-    assert engine_calls((("ATTENTION", a), ("DOT", d), ("ATTENTION", a))) == [("DOT", d), (ENCODER_PAIR, a + a)]
-    assert engine_calls((("ATTENTION", a), ("DOT", d))) == [("DOT", d), ("ATTENTION", a)]
-    assert engine_calls((("DOT", d),)) == [("DOT", d)]
+    assert engine_calls((("ATTENTION", a), ("DOT", d), ("ATTENTION", a))) == [("DOT", d, ()), (ENCODER_PAIR, a + a, ())]
+    assert engine_calls((("ATTENTION", a), ("DOT", d))) == [("DOT", d, ()), ("ATTENTION", a, ())]
+    assert engine_calls((("DOT", d),)) == [("DOT", d, ())]
     assert BUILTIN["H100"].rate("fp32", ENCODER_PAIR) == BUILTIN["H100"].rate("fp32", "ATTENTION")  # not measured
 
     def forward(tokens):
         job = Job(ModelSpec(64, 16, 4, 1, (tokens,)), ClusterSpec(1, 1, "NVLink"), TrainingSpec(256, 3),
                   ParallelSpec("one", (1,), pp_dp_op=(1, 1, 1)), 1, "gpu")
-        profile = dataclasses.replace(BUILTIN["H100"], roofline=False)  # FLOPs and fixed costs alone
+        profile = dataclasses.replace(BUILTIN["H100"], roofline=False, gemms=False)  # FLOPs and fixed costs alone
         return stage_compute(Workload.of(job, profile), [0], Submesh((0,), 1, 1, "dp"), False, 1)[0]
 
     rate = BUILTIN["H100"].rate("fp32", "ATTENTION")
@@ -625,7 +639,7 @@ def test_an_encoder_pair_is_priced_by_its_own_points_where_the_profile_measured_
         rates = tuple((p, tuple((k, dataclasses.replace(r, forward_points=single, backward_points=single))
                                 for k, r in table) + ((ENCODER_PAIR, Rate(1e13, 1e13, 1e-5, pair, pair)),) * with_pair)
                       for p, table in BUILTIN["H100"].rates)
-        profile = dataclasses.replace(BUILTIN["H100"], rates=rates, roofline=False, source="measured")
+        profile = dataclasses.replace(BUILTIN["H100"], rates=rates, roofline=False, source="measured", gemms=False)
         return stage_compute(Workload.of(job, profile), [0], Submesh((0,), 1, 1, "dp"), False, 1)[0]
 
     flops = 256 * counts.mixer_work("ATTENTION", 64, 4, 16).flops

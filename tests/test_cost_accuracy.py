@@ -11,9 +11,9 @@ import sqlite3
 
 import pytest
 
-from codesign.planner.cost import Workload, estimate
-from codesign.planner.plan import make_plan
-from codesign.planner.device_profiles import BUILTIN
+from codesign.cost.model import Workload, estimate
+from codesign.cost.plan import make_plan
+from codesign.hardware.profiles import BUILTIN
 from codesign.config.types import Job
 from tests.configs import EVERY_MIXER_MODEL
 from tests.conftest import REPO, gpu_cost_attempts, run_cli

@@ -10,7 +10,8 @@ import pytest
 from codesign.config.types import ClusterSpec, Job, ModelSpec, ParallelSpec, TrainingSpec
 from codesign.csv_cells import safe_cell
 from codesign.outcome import Outcome
-from codesign.planner import listing, ranking
+from codesign.planner import listing
+from codesign.planner import ranking
 from codesign.store.database import Store
 from codesign.store.export import export_csv
 
@@ -52,7 +53,7 @@ def test_the_rankings_csv_quotes_formulas(tmp_path):
     """A ranking's text cells (here a plan name and a reason set to formulas) behind a quote;
     its numbers, negative ones too (params_vs_base below the base), stay numbers."""
     from codesign.cli import build_search_parser
-    from codesign.planner.device_profiles import ProfileBook
+    from codesign.hardware.profiles import ProfileBook
     from codesign.zhen import search
 
     query = search.search_from_args(build_search_parser().parse_args(

@@ -21,7 +21,7 @@ from codesign.store.database import Store
 from tests.conftest import REPO, run_cli
 
 DATA = REPO / "tests" / "data"
-PURE_PACKAGES = ("cli", "config", "planner", "run", "store", "report")
+PURE_PACKAGES = ("cli", "config", "hardware", "cost", "planner", "run", "store", "report")
 PURE_MODULES = ("codesign.zhen.counts", "codesign.zhen.search", "codesign.cli", "codesign.outcome")
 
 # Keys of the four jobs of tests/data/results_v0.1.0.toml, pinned: a change to the canonical form
@@ -135,12 +135,13 @@ BENCH_SMOKE = {  # "{db}": a copy of the 0.1.0 results DB
 }
 
 
-SMOKED_ELSEWHERE = {"bench_step.py": "tests/test_kernel_table.py"}  # run there with --trace and --recompile
+SMOKED_ELSEWHERE = {"bench_step.py": "tests/test_kernel_table.py",  # run there with --trace and --recompile
+                    "bench_gemms.py": "tests/test_gpu_check.py"}  # run there as part 11 runs it
 
 
 def test_every_bench_script_is_smoke_tested():
     assert sorted([*BENCH_SMOKE, *SMOKED_ELSEWHERE]) == sorted(p.name for p in (REPO / "bench").glob("bench_*.py"))
-    assert all("bench_step.py" in (REPO / test).read_text() for test in SMOKED_ELSEWHERE.values())
+    assert all(script in (REPO / test).read_text() for script, test in SMOKED_ELSEWHERE.items())
 
 
 @pytest.mark.slow
@@ -175,7 +176,7 @@ def test_the_store_speaks_only_specs_and_outcomes_and_specs_probe_nothing():
         assert all(m.split(".")[1] in ("config", "outcome", "errors", "csv_cells", "store") for m in ours), (path.name, ours)
     for path in (REPO / "codesign" / "config").glob("*.py"):
         assert not imported_modules(path) & {"subprocess", "shutil", "ray", "jax"}, path.name  # discovery is run/'s
-    assert "scipy.optimize" in imported_modules(REPO / "codesign" / "planner" / "calibration.py")
+    assert "scipy.optimize" in imported_modules(REPO / "codesign" / "cost" / "calibration.py")
 
 
 def test_the_dependencies_are_declared_as_imported():
@@ -194,3 +195,13 @@ def test_the_dependencies_are_declared_as_imported():
     used = {providers.get(m, [m])[0].lower() for m in third_party}  # an extra not installed: its module's name
     assert used - {d.lower() for d in declared | extras} == set()
     assert {d.lower() for d in declared} - used == set()
+
+
+def test_pricing_imports_point_down_its_flow():
+    """DESIGN.md's pricing flow: the hardware answers (it knows no cost model and no search), the
+    cost model composes (it knows no search), the search chooses."""
+    above = {"hardware": {"cost", "planner"}, "cost": {"planner"}}
+    for package, forbidden in above.items():
+        for path in (REPO / "codesign" / package).glob("*.py"):
+            ours = {m.split(".")[1] for m in imported_modules(path) if m.startswith("codesign.")}
+            assert not ours & forbidden, (package, path.name, ours & forbidden)

@@ -15,11 +15,11 @@ from codesign.config.hosts import Hosts
 from codesign.config.jobs import PlannedJob
 from codesign.config.types import ClusterSpec, Job, ModelSpec, ParallelSpec, TrainingSpec
 from codesign.outcome import OOM, Outcome
-from codesign.planner.cost import Workload, estimate
-from codesign.planner.device_profiles import BUILTIN, DeviceProfile, ProfileBook, profile_id
-from codesign.planner.calibration import COMPONENTS
-from codesign.planner.learning import Calibration, Point, calibrated, memory_bound, refit
-from codesign.planner.plan import make_plan
+from codesign.cost.model import Workload, estimate
+from codesign.hardware.profiles import BUILTIN, DeviceProfile, ProfileBook, profile_id
+from codesign.cost.calibration import COMPONENTS
+from codesign.cost.learning import Calibration, Point, calibrated, memory_bound, refit
+from codesign.cost.plan import make_plan
 from codesign.run.learning import Learner
 from codesign.run.profile_cache import ProfileCache, profiles_for, this_machine
 from codesign.run.reprice import reprice

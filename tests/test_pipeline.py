@@ -7,8 +7,8 @@ import re
 import pytest
 
 from codesign.errors import PlanError
-from codesign.planner.plan import make_plan
-from codesign.planner.schedule import dispatch_order, max_in_flight, stage_order
+from codesign.cost.plan import make_plan
+from codesign.cost.schedule import dispatch_order, max_in_flight, stage_order
 from codesign.config.loader import load_config
 from codesign.config.types import ClusterSpec, Job, ModelSpec, ParallelSpec, TrainingSpec
 from tests.conftest import USER_CONFIGS, run_on_devices
@@ -234,7 +234,7 @@ def test_a_dp_stage_makes_broadcasts_again_instead_of_holding_them_whole_on_each
         import jax, numpy as np
         from jax.sharding import Mesh
         from codesign.engine import pipeline
-        from codesign.planner.plan import MESH_AXES, make_plan
+        from codesign.cost.plan import MESH_AXES, make_plan
         from codesign.config.types import ClusterSpec, Job, ModelSpec, ParallelSpec, TrainingSpec
         model = ModelSpec(64, 16, 4, 2, (("ATTENTION", "LINEAR", "ATTENTION", "DOT"),) * 2)
         job = Job(model, ClusterSpec(1, 4, "NVLink", "cpu"), TrainingSpec(64, 3),

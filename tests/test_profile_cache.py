@@ -14,8 +14,8 @@ import psutil
 import pytest
 
 from codesign import __version__
-from codesign.planner.cost import COST_MODEL_VERSION
-from codesign.planner.device_profiles import BUILTIN, profile_id
+from codesign.cost.model import COST_MODEL_VERSION
+from codesign.hardware.profiles import BUILTIN, profile_id
 from codesign.run.profile_cache import Machine, ProfileCache, profiles_for, this_machine
 from codesign.config.hosts import Hosts
 from tests.conftest import REPO, db_rows

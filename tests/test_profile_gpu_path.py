@@ -12,9 +12,12 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from codesign.planner.cost import Workload, all_gather, all_reduce, call_time, estimate
-from codesign.planner.plan import make_plan
-from codesign.planner.device_profiles import BUILTIN, ENCODER_PAIR, LAYER, DeviceProfile, Link, Rate, interpolated
+from codesign.cost.model import Workload, estimate
+from codesign.hardware.collectives import over_link
+from codesign.hardware.device import Devices
+from codesign.cost.plan import make_plan
+from codesign.hardware.links import NVLINK, Link
+from codesign.hardware.profiles import BUILTIN, ENCODER_PAIR, LAYER, DeviceProfile, Rate, interpolated
 from codesign.config.types import MIXERS, ClusterSpec, Job, ModelSpec, ParallelSpec, TrainingSpec
 from tests.conftest import run_on_devices
 
@@ -26,7 +29,12 @@ def measured_h100() -> DeviceProfile:
     """The built-in H100 with every rate carrying points."""
     rates = tuple((p, tuple((k, dataclasses.replace(r, forward_points=FORWARD, backward_points=BACKWARD))
                             for k, r in table)) for p, table in BUILTIN["H100"].rates)
-    return dataclasses.replace(BUILTIN["H100"], rates=rates, roofline=False, source="measured")
+    return dataclasses.replace(BUILTIN["H100"], rates=rates, roofline=False, source="measured", gemms=False)
+
+
+def call_time(*args) -> float:
+    """One call at a profile's rates, as the hardware prices it."""
+    return Devices(BUILTIN["H100"], NVLINK, NVLINK).call(*args)
 
 
 def test_interpolation_is_log_log_between_points_and_linear_at_the_rate_past_the_largest():
@@ -66,9 +74,8 @@ def test_the_link_is_fitted_to_collective_times_as_the_cost_model_prices_them():
 
     truth, n = Link(3e11, 8e-6), 8
     sizes = [2**k for k in range(20, 29, 2)]
-    found = {"all-reduce": [[s, all_reduce(s, n, truth)] for s in sizes],
-             "all-gather": [[s, all_gather(s, n, truth)] for s in sizes],
-             "reduce-scatter": [[s, all_gather(s, n, truth)] for s in sizes]}
+    found = {kind: [[s, over_link(kind, s, n, truth)] for s in sizes]
+             for kind in ("all-reduce", "all-gather", "reduce-scatter")}
     link = fitted_link(found, n)
     assert link.bandwidth == pytest.approx(truth.bandwidth, rel=1e-3)
     assert link.latency == pytest.approx(truth.latency, rel=1e-3)
@@ -160,7 +167,7 @@ def test_with_pair_the_later_widths_time_two_vmapped_encoders_as_the_engine_call
 
     from codesign.engine.probe.gpu_sections import mixer_section
     from codesign.engine.probe.mixers import mixer_module
-    from codesign.planner.device_profiles import ENCODER_PAIR
+    from codesign.hardware.profiles import ENCODER_PAIR
     from codesign.zhen import counts
 
     module, flops = mixer_module(ENCODER_PAIR, 8, 2, 4, "fp32")

@@ -20,7 +20,8 @@ from codesign.engine.probe.power import (
     open_meter,
     power_model,
 )
-from codesign.planner.device_profiles import DATA_SHEETS, DeviceProfile, PowerModel, data_sheet, data_sheet_power
+from codesign.hardware.datasheets import DATA_SHEETS, data_sheet
+from codesign.hardware.profiles import DeviceProfile, PowerModel, data_sheet_power
 from tests.conftest import REPO
 
 H100 = data_sheet_power(DATA_SHEETS["H100"])  # idle 80, compute 700, memory 455, communication 315, floor 175
@@ -178,7 +179,7 @@ def test_the_profile_gets_the_windows_power_model(tmp_path, monkeypatch):
     from codesign.config.types import MIXERS
     from codesign.engine.probe import gpu_sections as engine
     from codesign.engine.probe.loops import LoopSizes
-    from codesign.planner.device_profiles import LAYER
+    from codesign.hardware.profiles import LAYER
 
     points = {"forward": [[1e6, 2e-5], [1e8, 4e-5]], "backward": [[2e6, 4e-5], [2e8, 8e-5]]}
     data = {"matmul": {"fp32": 1e9, "bf16": 2e9}, "bandwidth": 1e10, "dispatch": 1e-4, "scratch": 0.5,

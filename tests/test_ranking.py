@@ -14,11 +14,13 @@ import pytest
 from scipy.stats import spearmanr
 
 from codesign.cli import build_search_parser, main
-from codesign.planner import fast_pass, objective, ranking
+from codesign.planner import fast_pass
+from codesign.planner import objective
+from codesign.planner import ranking
 from codesign.planner.auto import all_plans, choose_plan
-from codesign.planner.cost import Workload, estimate
-from codesign.planner.plan import plan_from_stages, plan_name
-from codesign.planner.device_profiles import BUILTIN, ProfileBook
+from codesign.cost.model import Workload, estimate
+from codesign.cost.plan import plan_from_stages, plan_name
+from codesign.hardware.profiles import BUILTIN, ProfileBook
 from codesign.config.loader import load_config
 from codesign.config.types import AUTO_SEARCH, ClusterSpec, ParallelSpec, TrainingSpec
 from codesign.store.database import Store

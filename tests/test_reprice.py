@@ -4,8 +4,8 @@ import json
 
 from codesign.config.types import ClusterSpec, Job, ModelSpec, ParallelSpec, TrainingSpec
 from codesign.outcome import Outcome
-from codesign.planner.cost import predict
-from codesign.planner.device_profiles import ProfileBook
+from codesign.cost.model import predict
+from codesign.hardware.profiles import ProfileBook
 from codesign.store.database import EARLIER_PREDICTIONS, Store
 from tests.conftest import REPO, db_rows, run_cli
 

@@ -9,7 +9,7 @@ import pytest
 
 from codesign.engine import job as job_body
 from codesign.engine import programs
-from codesign.planner.plan import make_plan
+from codesign.cost.plan import make_plan
 from codesign.config.types import ClusterSpec, Job, ModelSpec, ParallelSpec, TrainingSpec
 from tests.conftest import run_on_devices
 

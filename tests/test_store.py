@@ -344,7 +344,7 @@ def test_a_malformed_profile_row_is_reported_once_and_skipped_not_a_crash_of_eve
     import dataclasses
     import json
 
-    from codesign.planner.device_profiles import BUILTIN, profile_id
+    from codesign.hardware.profiles import BUILTIN, profile_id
     from codesign.run.profile_cache import profiles_for
     from tests.conftest import run_cli
 

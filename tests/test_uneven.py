@@ -11,7 +11,7 @@ import pytest
 from codesign.engine.job import run_job
 from codesign.errors import PlanError
 from codesign.planner.columns import plan_columns
-from codesign.planner.plan import Plan, make_plan, plan_from_stages
+from codesign.cost.plan import Plan, make_plan, plan_from_stages
 from codesign.run.local import LocalExecutor
 from codesign.run.sweep import Attempt, Sweep
 from codesign.config.jobs import PlannedJob
@@ -34,7 +34,7 @@ CASES = {  # name: (groups per stage, devices per stage, (dp, op) per stage, opt
 
 SCRIPT = """
 import json, sys
-from codesign.planner.plan import plan_from_stages
+from codesign.cost.plan import plan_from_stages
 from codesign.config.types import ClusterSpec, Job, ParallelSpec, TrainingSpec
 from tests.reference import differences, live_leaves, two_steps
 from tests.test_uneven import CASES, JOB, MODEL

@@ -10,7 +10,7 @@ import pytest
 from codesign.engine import programs
 from codesign.engine.job import build_training
 from codesign.engine.options import engine_options
-from codesign.planner.plan import make_plan
+from codesign.cost.plan import make_plan
 from codesign.config.types import (
     MIXERS,
     ClusterSpec,

@@ -16,7 +16,7 @@ from codesign.errors import ConfigError, UserError
 from codesign.store.database import Store
 
 if TYPE_CHECKING:
-    from codesign.planner.device_profiles import ProfileBook
+    from codesign.hardware.profiles import ProfileBook
     from codesign.run.profile_cache import Profiles
     from codesign.run.sweep import Executor
 

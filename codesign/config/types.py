@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 MIXERS = ("DOT", "LINEAR", "ATTENTION", "CONVOLUTION")
-TRANSPORTS = ("NVLink", "EFAx4", "TCPx4")
+TRANSPORTS = ("NVLink", "NDRx8", "HDRx8", "EFAx32", "EFAx4", "TCPx4")  # their figures: hardware.links
 PLATFORMS = ("gpu", "cpu", "auto", "sim")
 PRECISIONS = ("fp32", "bf16")
 SCHEDULES = ("1F1B", "GPipe")

@@ -34,7 +34,7 @@ from codesign.engine.step import build_single_stage
 from codesign.errors import PlanError
 from codesign.outcome import FAILED, INVALID, OOM, SUCCEEDED, Outcome, write_outcome
 from codesign.planner.columns import plan_columns
-from codesign.planner.plan import Plan, check_plan, make_plan
+from codesign.cost.plan import Plan, check_plan, make_plan
 from codesign.config.types import Job
 
 log = logging.getLogger(__name__)

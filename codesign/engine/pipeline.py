@@ -34,8 +34,8 @@ from jax.sharding import PartitionSpec as P
 
 from codesign.engine import programs
 from codesign.engine.options import EngineOptions
-from codesign.planner.plan import Plan, StagePlan
-from codesign.planner.schedule import FORWARD, dispatch_order, max_in_flight
+from codesign.cost.plan import Plan, StagePlan
+from codesign.cost.schedule import FORWARD, dispatch_order, max_in_flight
 from codesign.config.types import Job
 
 log = logging.getLogger(__name__)

@@ -25,7 +25,7 @@ from jax.sharding import PartitionSpec as P
 
 from codesign.config.types import Job, ModelSpec
 from codesign.engine.options import EngineOptions, engine_options, run_once_options
-from codesign.planner.plan import MESH_AXES, Plan, StagePlan
+from codesign.cost.plan import MESH_AXES, Plan, StagePlan
 from codesign.zhen import counts, network
 
 DTYPES = {"fp32": jnp.float32, "bf16": jnp.bfloat16}

@@ -22,7 +22,7 @@ from jax.sharding import PartitionSpec as P
 from codesign.config.types import Job
 from codesign.engine import programs
 from codesign.engine.options import EngineOptions
-from codesign.planner.plan import Plan
+from codesign.cost.plan import Plan
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,2 @@
-"""From a job to a parallel plan, as pure code: layer groups, stages, placements, schedules.
-
-The engine builds what the planner decided; the cost model prices the same plans.
-"""
+"""The search, as pure code: the plan space, Auto search, `codesign plan`'s listing and the
+co-design ranking, choosing among the plans the cost model (codesign.cost) prices."""

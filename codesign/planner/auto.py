@@ -27,11 +27,11 @@ from codesign.config.loader import LinkSpec
 from codesign.config.types import SCHEDULES, Job
 from codesign.errors import PlanError
 from codesign.planner.columns import plan_columns
-from codesign.planner.cost import StageCost, Workload, estimate, stage_cost
-from codesign.planner.device_profiles import ProfileBook
+from codesign.cost.model import StageCost, Workload, estimate, stage_cost
+from codesign.hardware.profiles import ProfileBook
 from codesign.planner.objective import of_spec, order
-from codesign.planner.plan import MESH_AXES, Plan, StagePlan, layer_groups
-from codesign.planner.schedule import max_in_flight
+from codesign.cost.plan import MESH_AXES, Plan, StagePlan, layer_groups
+from codesign.cost.schedule import max_in_flight
 from codesign.planner.space import (
     Candidate,
     Setting,

@@ -19,7 +19,7 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
-from codesign.planner.plan import Plan
+from codesign.cost.plan import Plan
 
 
 def plan_columns(plan: Plan, devices_per_host: int) -> dict[str, Any]:

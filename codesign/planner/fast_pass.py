@@ -21,13 +21,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from codesign.planner.cost import finish, layer_compute, one_program, op_collective, stage_busy, stage_cost
-from codesign.planner.device_profiles import DeviceProfile, ProfileBook, cluster_links
-from codesign.planner.power import iteration_joules
-from codesign.planner.timeline import simulate
-from codesign.planner.workload import Submesh, Workload
-from codesign.planner.formulas import Compute, Memory, StageCost, point_to_point
-from codesign.planner.plan import MESH_AXES, Plan, StagePlan, plan_name
+from codesign.cost.model import finish, layer_compute, one_program, op_collective, stage_busy, stage_cost
+from codesign.hardware.links import cluster_links
+from codesign.hardware.profiles import DeviceProfile, ProfileBook
+from codesign.cost.power import iteration_joules
+from codesign.cost.timeline import simulate
+from codesign.cost.workload import Submesh, Workload
+from codesign.hardware.device import Devices
+from codesign.cost.formulas import Compute, Memory, StageCost
+from codesign.cost.plan import MESH_AXES, Plan, StagePlan, plan_name
 from codesign.planner.space import meshes, placements, shards_state
 from codesign.config.loader import LinkSpec
 from codesign.config.types import SCHEDULES, Job, ModelSpec, TrainingSpec
@@ -68,6 +70,7 @@ class Pricer:
         self.job, self.training = job, training
         self.profile: DeviceProfile = book.for_job(job)
         self.intra, self.inter = cluster_links(self.profile, job.cluster, tuple(links))
+        self.hw = Devices.of(self.profile, job.cluster, self.intra, self.inter)
         self.n = job.cluster.num_devices
         self.variants = [Variant(dp, op, axis, zero) for axis in MESH_AXES for zero in (False, True)
                          for dp, op in meshes(job, self.n, axis) if shards_state(zero, [(dp, op)])]
@@ -80,12 +83,13 @@ class Pricer:
         self.degrees = min(groups, self.n)  # the most pipeline stages
         # pipeline_bound holds for devices of their own: on shared cores a stage runs at its own
         # devices' speed, faster than the one-device work it spreads
-        self.pipelines = self.degrees > 1 and not self.profile.shares_cores
+        self.pipelines = self.degrees > 1 and not self.hw.shares_cores
 
-    def workload(self, model: ModelSpec, layers: tuple, own: tuple = (), mixers: tuple = ()) -> Workload:
+    def workload(self, model: ModelSpec, layers: tuple, own: tuple = (), mixers: tuple = (), gemms: tuple = (),
+                 own_gemms: tuple = ()) -> Workload:
         job = self.job
         return Workload(model, job.cluster, self.training.precision, job.global_batch, job.num_micro_batches,
-                        self.profile, self.intra, self.inter, layers, own, mixers)
+                        self.profile, self.intra, self.inter, layers, own, mixers, gemms, own_gemms)
 
     def position(self, block: search.Block, i: int, base: ModelSpec) -> LayerPrices:
         f_in, skip = counts.feature_widths(base.num_features, base.output_per_emb, block.layers, i)
@@ -104,13 +108,13 @@ class Pricer:
     def layer(self, tokens: tuple[str, ...], block: search.Block, i: int, base: ModelSpec) -> tuple:
         """One layer's prices, from a one-layer workload of its exact widths."""
         proxy = _proxy(base, block.layers, i, tokens)
-        own, mixers = _layer_work(proxy, i, self.training.fold_dot)
+        own, mixers, gemms, own_gemms = _layer_work(proxy, i, self.training.fold_dot)
         work = sum((w for _, w in mixers), own)
-        w = self.workload(proxy, (work,), (own,), (mixers,))
+        w = self.workload(proxy, (work,), (own,), (mixers,), (gemms,), (own_gemms,))
         alone, halved = (layer_compute(w, 0, Submesh(tuple(range(op)), 1, op), self.n) for op in (1, 2))
         sharded = [m.sharded_params for _, m in mixers if m.sharded_flops]  # as layer_compute asks op_collective
         return ([layer_compute(w, 0, mesh, self.n) for mesh in self.meshes], work,
-                finish(self.profile, 1, False, alone)[:2], (alone.fixed, alone.overheads - alone.fixed),
+                finish(self.hw, 1, False, alone)[:2], (alone.fixed, alone.overheads - alone.fixed),
                 (2 * (alone.forward - halved.forward), 2 * (alone.backward - halved.backward)),
                 (len(sharded), sum(sharded)))
 
@@ -122,8 +126,9 @@ def _proxy(base: ModelSpec, layers: Sequence[int], i: int = -1, tokens: tuple[st
 
 
 @functools.cache
-def _layer_work(proxy: ModelSpec, i: int, fold: bool) -> tuple[counts.Work, tuple]:
-    return counts.layer_own_work(proxy, i), counts.layer_mixers(proxy, i, fold)
+def _layer_work(proxy: ModelSpec, i: int, fold: bool) -> tuple[counts.Work, tuple, tuple, tuple]:
+    return (counts.layer_own_work(proxy, i), counts.layer_mixers(proxy, i, fold), counts.layer_gemms(proxy, i, fold),
+            counts.layer_own_gemms(proxy, i))
 
 
 @dataclass(frozen=True)
@@ -167,7 +172,7 @@ def one_program_joules(pricer: Pricer, v: int, cost: StageCost, seconds: np.ndar
     candidates), as cost.estimate prices them."""
     variant = pricer.variants[v]
     stage = StagePlan((), tuple(range(pricer.n)), variant.dp, variant.op)
-    return iteration_joules(pricer.profile, [stage_busy(pricer.plans[v], stage, cost, seconds)], seconds, pricer.n)
+    return iteration_joules(pricer.hw, [stage_busy(pricer.plans[v], stage, cost, seconds)], seconds, pricer.n)
 
 
 def fast_pass(pricer: Pricer, block: search.Block, index: np.ndarray, base: ModelSpec) -> Fast:
@@ -183,7 +188,7 @@ def fast_pass(pricer: Pricer, block: search.Block, index: np.ndarray, base: Mode
     micro, n = pricer.job.num_micro_batches, pricer.n
     solo = [p.solo[r] for p, r in zip(prices, rows)]  # [candidate, 2] per layer
     bound = pricer.profile.least_time_factor * np.maximum(
-        3 * flops * pricer.job.global_batch / (n * _peak(pricer.profile, pricer.training.precision)),
+        3 * flops * pricer.job.global_batch / (n * _peak(pricer)),
         micro * sum(s.sum(axis=1) for s in solo) / n)
     terms = (_layer_terms(pricer, prices, rows, solo, _proxy(base, block.layers)) if pricer.pipelines
              else np.zeros((len(index), 0, len(TERMS))))
@@ -323,7 +328,7 @@ def _hop(pricer: Pricer, carry: np.ndarray, src: Sequence[int], dst: Sequence[in
     """At least the seconds to send one micro-batch's carry from stage to stage (or a cotangent
     back), as timeline.transfer_time: the source's batch shards at most its devices."""
     w = pricer.workload(pricer.job.model, ())
-    return point_to_point(carry / len(src), w.link(src, dst))
+    return w.transfer(carry / len(src), src, dst)
 
 
 def stage_floors(pricer: Pricer, sums: np.ndarray, devices: tuple[int, ...]) -> dict[tuple[str, bool], list[Floor]]:
@@ -363,8 +368,13 @@ def _has_points(profile: DeviceProfile) -> bool:
     return any(rate.forward_points or rate.backward_points for _, table in profile.rates for _, rate in table)
 
 
-def _peak(profile: DeviceProfile, precision: str) -> float:
-    """The device's fastest FLOP rate over every kind and direction, measured points included."""
+def _peak(pricer: Pricer) -> float:
+    """The device's fastest FLOP rate over every kind and direction, measured points included (a
+    GEMM-priced device's: the data sheet's peak)."""
+    profile, precision = pricer.profile, pricer.training.precision
+    fastest = pricer.hw.fastest_rate(precision)
+    if fastest is not None:
+        return fastest
     table = dict(dict(profile.rates).get(precision) or dict(profile.rates)["fp32"])
     fastest = 0.0
     for rate in table.values():

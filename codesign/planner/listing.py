@@ -31,9 +31,9 @@ from codesign.config.loader import Config
 from codesign.config.types import ClusterSpec, Job, ParallelSpec
 from codesign.errors import PlanError
 from codesign.planner.auto import no_fit_message, price_space
-from codesign.planner.cost import Workload, estimate
-from codesign.planner.device_profiles import ProfileBook
-from codesign.planner.plan import make_plan, plan_name
+from codesign.cost.model import Workload, estimate
+from codesign.hardware.profiles import ProfileBook
+from codesign.cost.plan import make_plan, plan_name
 from codesign.planner.objective import TIME, Objective, frontier, of_spec, order
 from codesign.planner.space import MANUAL, Candidate, all_plans, same_plan
 

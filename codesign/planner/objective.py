@@ -14,7 +14,7 @@ import numpy as np
 from codesign.config.types import ParallelSpec
 from codesign.planner import power_limits
 from codesign.planner.space import Candidate, by_rank
-from codesign.planner.workload import Workload
+from codesign.cost.workload import Workload
 
 ENERGY_REACH = 1.6  # without a slowdown bound: plans whose default joules are within this of the least get the knob
 

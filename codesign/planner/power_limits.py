@@ -1,8 +1,8 @@
 """The power knob: a priced plan again under GPU power limits, one for every device (as Zeus
 sets it) or one per pipeline stage (Perseus's per-stage frequencies, set as limits).
 
-A limit stretches each stage's compute-bound seconds (planner.power); a pipeline's iteration is
-simulated again with its stages stretched (planner.timeline), so a stage off the critical path
+A limit stretches each stage's compute-bound seconds (cost.power); a pipeline's iteration is
+simulated again with its stages stretched (cost.timeline), so a stage off the critical path
 slows into its bubbles for free. Per-stage limits are searched stage by stage, a step at a
 time, keeping each step that saves joules without lengthening the iteration: with a handful of
 stages and steps, the schedule's own simulation is the exact judge (a DAG solver such as
@@ -16,11 +16,11 @@ from typing import Sequence
 
 import numpy as np
 
-from codesign.planner.cost import Workload, plan_stage
-from codesign.planner.formulas import Estimate, StageCost
-from codesign.planner.plan import Plan
-from codesign.planner.power import can_limit, iteration_joules, stretched
-from codesign.planner.timeline import simulate
+from codesign.cost.model import Workload, plan_stage
+from codesign.cost.formulas import Estimate, StageCost
+from codesign.cost.plan import Plan
+from codesign.cost.power import can_limit, iteration_joules, stretched
+from codesign.cost.timeline import simulate
 
 PLAN_WIDE_STEPS = 6  # plan-wide limits priced, evenly from the highest to the lowest
 STAGE_STEPS = 12  # per-stage limits a stage may step down through, highest first
@@ -38,7 +38,7 @@ def under_limits(w: Workload, plan: Plan, found: Estimate, limits: Sequence[floa
         slower = [_slowed(plan_stage(w, plan, s, n), new.seconds / old.seconds if old.seconds else 1.0)
                   for s, (new, old) in enumerate(zip(stretch, found.busy))]
         seconds = max(simulate(w, plan, slower)[0])
-    energy = iteration_joules(w.profile, found.busy, seconds, found.devices, limits)
+    energy = iteration_joules(w.hw, found.busy, seconds, found.devices, limits)
     return dataclasses.replace(found, seconds=float(seconds), energy=float(energy), power_limits=tuple(limits))
 
 

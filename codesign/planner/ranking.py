@@ -43,8 +43,8 @@ from codesign.errors import PlanError
 from codesign.planner.objective import pareto
 from codesign.planner.auto import AutoChoice, NoPlanFits, choose_plan
 from codesign.planner.fast_pass import Pricer, fast_pass, pipeline_bound
-from codesign.planner.plan import layer_groups, plan_name
-from codesign.planner.device_profiles import ProfileBook
+from codesign.cost.plan import layer_groups, plan_name
+from codesign.hardware.profiles import ProfileBook
 from codesign.config.loader import Config, LinkSpec
 from codesign.config.jobs import matches
 from codesign.config.types import (

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator, Sequence
 
 from codesign.config.types import SCHEDULES, ClusterSpec, Job
-from codesign.planner.cost import Estimate
-from codesign.planner.plan import MESH_AXES, Plan, layer_groups, plan_from_stages, tile_devices
+from codesign.cost.model import Estimate
+from codesign.cost.plan import MESH_AXES, Plan, layer_groups, plan_from_stages, tile_devices
 from codesign.zhen import counts
 
 MLP_WIDTHS = math.gcd(counts.DOT_HIDDEN, counts.FFN_HIDDEN)  # what op shards: it must divide them evenly

@@ -24,7 +24,7 @@ from codesign.outcome import (
     TIMEOUT,
 )
 from codesign.config.types import AUTO_SEARCH, ClusterSpec, ModelSpec
-from codesign.planner.plan import stage_kind
+from codesign.cost.plan import stage_kind
 
 SIM_PLATFORM = "sim"
 FAILURES = (FAILED, TIMEOUT, OOM, INVALID, INTERRUPTED)

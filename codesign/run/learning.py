@@ -3,7 +3,7 @@
 Beside the machine's profile (ProfileCache.path): KEY.points.jsonl holds every point measured
 on the machine, by any sweep into any DB (one JSON line each, appended under a lock: two sweeps
 may write at once; no DB is read back or written for it); KEY.calibrations.json every
-calibration version fitted to them, accepted or not (planner.learning). A sweep refits after a
+calibration version fitted to them, accepted or not (cost.learning). A sweep refits after a
 point when the points are due, under a lock that a sweep finding it taken skips: the other
 sweep is refitting. CODESIGN_LEARNING=0 turns learning off (benches, tests), as `codesign run
 --no-learning` does.
@@ -26,9 +26,9 @@ from codesign.config.loader import LinkSpec
 from codesign.config.types import Job
 from codesign.errors import PlanError
 from codesign.outcome import OOM, SUCCEEDED, Outcome
-from codesign.planner.device_profiles import DeviceProfile, profile_id
-from codesign.planner.learning import Calibration, Point, calibrated, due, raised, refit
-from codesign.planner.plan import Plan, make_plan
+from codesign.hardware.profiles import DeviceProfile, profile_id
+from codesign.cost.learning import Calibration, Point, calibrated, due, raised, refit
+from codesign.cost.plan import Plan, make_plan
 
 if TYPE_CHECKING:
     from codesign.run.profile_cache import Machine, ProfileCache

@@ -27,7 +27,7 @@ import psutil
 
 from codesign.outcome import FAILED, INTERRUPTED, TIMEOUT, Outcome, read_outcome
 from codesign.gpu_power import LIMITS_ENV, limits_env
-from codesign.planner.plan import Plan
+from codesign.cost.plan import Plan
 from codesign.run.device_env import device_env
 from codesign.config.types import Job
 

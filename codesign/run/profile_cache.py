@@ -26,7 +26,7 @@ from typing import Callable
 
 import platformdirs
 
-from codesign.planner.device_profiles import DeviceProfile, ProfileBook, builtin_kind, library_versions
+from codesign.hardware.profiles import DeviceProfile, ProfileBook, builtin_kind, library_versions
 from codesign.config.hosts import Hosts
 from codesign.run.device_env import device_env
 from codesign.run.learning import Learner, learning_enabled

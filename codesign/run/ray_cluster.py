@@ -30,7 +30,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from codesign.errors import UserError
 from codesign.outcome import FAILED, INTERRUPTED, SUCCEEDED, TIMEOUT, Outcome
-from codesign.planner.plan import Plan
+from codesign.cost.plan import Plan
 from codesign.run.local import JobProcess, job_env
 from codesign.config.types import Job
 

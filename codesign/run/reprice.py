@@ -11,9 +11,9 @@ import json
 from typing import Any, Iterable
 
 from codesign.outcome import RUNNING
-from codesign.planner.cost import COST_MODEL_VERSION, Workload, estimate, predict, recorded
-from codesign.planner.plan import Plan
-from codesign.planner.device_profiles import DeviceProfile, ProfileBook, profile_id
+from codesign.cost.model import COST_MODEL_VERSION, Workload, estimate, predict, recorded
+from codesign.cost.plan import Plan
+from codesign.hardware.profiles import DeviceProfile, ProfileBook, profile_id
 from codesign.config.loader import LinkSpec
 from codesign.config.types import Job
 from codesign.store.database import Store

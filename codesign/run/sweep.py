@@ -30,10 +30,10 @@ from codesign.errors import PlanError
 from codesign.outcome import FAILED, INTERRUPTED, INVALID, METRIC_COLUMNS, OOM, SIMULATED, Outcome
 from codesign.planner.auto import Candidate, NoPlanFits, choose_plan
 from codesign.planner.columns import plan_columns
-from codesign.planner.cost import predict, recorded
-from codesign.planner.plan import Plan, make_plan
+from codesign.cost.model import predict, recorded
+from codesign.cost.plan import Plan, make_plan
 from codesign.planner.power_limits import by_device
-from codesign.planner.device_profiles import DeviceProfile, ProfileBook, profile_id
+from codesign.hardware.profiles import DeviceProfile, ProfileBook, profile_id
 from codesign.run.profile_cache import Profiles
 from codesign.run.learning import point_of
 from codesign.run.reprice import prediction, stale, with_provenance

@@ -213,3 +213,50 @@ def carry_width(spec: ModelSpec, i: int) -> int:
 
 def input_width(spec: ModelSpec) -> int:
     return spec.emb_dim * spec.num_features
+
+
+@dataclass(frozen=True)
+class Gemm:
+    """One matmul of a mixer, per sample: the GEMM's m is samples x `rows` (batched einsums as
+    one GEMM of their stacked rows), then n and k. `split`: the dimension op shards ("n", "k",
+    or "" where every op device repeats it); `input_facing`: its input gradient is one the first
+    layer's backward skips (input_gradient_flops)."""
+
+    rows: int
+    n: int
+    k: int
+    split: str = ""
+    input_facing: bool = False
+
+    @property
+    def flops(self) -> int:
+        return 2 * self.rows * self.n * self.k
+
+
+def mixer_gemms(kind: str, f_in: int, out: int, emb: int, fold_dot: bool = False) -> tuple[Gemm, ...]:
+    """A mixer's matmuls, as the engine runs them (their FLOPs sum to mixer_flops; a convolution's
+    taps are not a matmul: its FLOPs outside these)."""
+    fc = Gemm(emb, out, f_in, input_facing=True)  # the feature FC: [b*D, F_in] @ [F_in, O]
+    if kind == "DOT":
+        k = fold_blocks(f_in) if fold_dot else 1
+        pairs = folded_pairs(f_in) if fold_dot else f_in * f_in
+        gram = Gemm(k * (k + 1) // 2 * (f_in // k), f_in // k, emb, input_facing=True)  # z z^T, by blocks
+        return (gram, Gemm(1, DOT_HIDDEN, pairs, "n", True), Gemm(1, out * emb, DOT_HIDDEN, "k"))
+    if kind == "ATTENTION":
+        return (fc, Gemm(out, 3 * emb, emb), Gemm(out, out, emb), Gemm(out, emb, out), Gemm(out, emb, emb),
+                Gemm(out, FFN_HIDDEN, emb, "n"), Gemm(out, emb, FFN_HIDDEN, "k"))
+    if kind == "CONVOLUTION":  # its taps read the input: the FC after them is not input-facing
+        return (Gemm(emb, out, f_in),)
+    return (fc,)
+
+
+def layer_gemms(spec: ModelSpec, i: int, fold_dot: bool = False) -> tuple[tuple[Gemm, ...], ...]:
+    """Layer i's mixers' matmuls, in layer_mixers' order."""
+    f_in, _ = layer_widths(spec, i)
+    return tuple(mixer_gemms(m, f_in, spec.output_per_emb, spec.emb_dim, fold_dot) for m in spec.tokens[i])
+
+
+def layer_own_gemms(spec: ModelSpec, i: int) -> tuple[Gemm, ...]:
+    """Layer i's own matmul: the skip projection, where the widths differ."""
+    f_in, skip = layer_widths(spec, i)
+    return (Gemm(spec.emb_dim, f_in, skip),) if i > 0 and skip != f_in else ()

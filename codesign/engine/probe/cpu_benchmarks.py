@@ -22,9 +22,10 @@ from codesign.engine.options import engine_options
 from codesign.engine.probe.mixers import mixer_module
 from codesign.engine.probe.probe_steps import drawn, probe_params
 from codesign.engine.step import loss_fn
-from codesign.planner.calibration import PROBE_WIDTHS, probe_job
-from codesign.planner.formulas import ADAM_TRAFFIC
-from codesign.planner.device_profiles import Link, Rate
+from codesign.cost.calibration import PROBE_WIDTHS, probe_job
+from codesign.cost.formulas import ADAM_TRAFFIC
+from codesign.hardware.links import Link
+from codesign.hardware.profiles import Rate
 from codesign.zhen import counts
 
 T = TypeVar("T")

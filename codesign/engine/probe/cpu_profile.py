@@ -1,4 +1,4 @@
-"""A CPU's profile: micro-benchmarks per call, then fitted (planner/calibration.py) to real
+"""A CPU's profile: micro-benchmarks per call, then fitted (cost/calibration.py) to real
 training steps of the probe jobs. Micro-benchmarks keep their fastest time, whole steps their median."""
 
 from __future__ import annotations
@@ -24,8 +24,9 @@ from codesign.engine.probe.cpu_benchmarks import (
 from codesign.engine.probe.memory import device_memory, update_scratch
 from codesign.engine.probe.parts import Parts
 from codesign.engine.probe.probe_steps import ChildProbes, LocalProbes, probe_step_times
-from codesign.planner.calibration import CONTENTION, PROBE_WIDTHS, fitted_factors, probe_jobs, scaled
-from codesign.planner.device_profiles import LAYER, DeviceProfile, Link, Rate, library_versions
+from codesign.cost.calibration import CONTENTION, PROBE_WIDTHS, fitted_factors, probe_jobs, scaled
+from codesign.hardware.links import Link
+from codesign.hardware.profiles import LAYER, DeviceProfile, Rate, library_versions
 
 log = logging.getLogger("codesign.profile")
 PREPARE_THREADS = 2  # this process's programs compiled two at a time (XLA compiles outside the GIL): it

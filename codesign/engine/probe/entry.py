@@ -19,7 +19,7 @@ from codesign.engine.probe.gpu_sections import loop_profile
 from codesign.engine.probe.loops import loop_sizes
 from codesign.engine.probe.parts import Parts
 from codesign.engine.probe.probe_steps import serve_probes
-from codesign.planner.device_profiles import DeviceProfile
+from codesign.hardware.profiles import DeviceProfile
 
 log = logging.getLogger("codesign.profile")
 LOOPS_ENV = "CODESIGN_PROFILE_LOOPS"  # "small": the GPU's loop-timed path on CPU, at small sizes (tests)

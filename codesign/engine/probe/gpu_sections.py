@@ -29,7 +29,8 @@ from codesign.engine.probe.mixers import mixer_module
 from codesign.engine.probe.parts import Parts
 from codesign.engine.probe.power import WindowHook, idle_windows, measured_power, metered, open_meter
 from codesign.engine.programs import DTYPES
-from codesign.planner.device_profiles import (
+from codesign.hardware.collectives import bus_factor, link_terms
+from codesign.hardware.profiles import (
     ENCODER_PAIR,
     GPU_ACTIVATION_SHARE,
     LAYER,
@@ -175,10 +176,7 @@ def points_rate(forward: Points, backward: Points, peak: float, ratio: float) ->
     return Rate(rate_forward, rate_backward, overhead, forward, backward)
 
 
-# nccl-tests: bus bandwidth = algorithm bandwidth (size / time) x this, per collective over n devices
-BUS_FACTOR = {"all-reduce": lambda n: 2 * (n - 1) / n, "all-gather": lambda n: (n - 1) / n,
-              "reduce-scatter": lambda n: (n - 1) / n}
-RING_STEPS = {"all-reduce": lambda n: 2 * (n - 1), "all-gather": lambda n: n - 1, "reduce-scatter": lambda n: n - 1}
+PROBED = ("all-reduce", "all-gather", "reduce-scatter")  # the collectives a profile times
 
 
 def collective_body(kind: str) -> Callable[[tuple], tuple]:
@@ -196,7 +194,7 @@ def collective_times(sizes: LoopSizes, window: WindowHook | None = None) -> dict
     devices = jax.devices()
     n = len(devices)
     mesh = Mesh(np.array(devices), ("d",))
-    points = [(kind, size) for kind in BUS_FACTOR for size in sizes.collectives]
+    points = [(kind, size) for kind in PROBED for size in sizes.collectives]
     carries = []
     for kind, size in points:
         local = size // 4 // (n if kind == "all-gather" else 1)
@@ -214,17 +212,18 @@ def collective_times(sizes: LoopSizes, window: WindowHook | None = None) -> dict
     for (kind, size), seconds in zip(points, times):
         found.setdefault(kind, []).append([size, seconds])
         log.info("  %s of %.3g MiB on %d devices: %.1f us, bus bandwidth %.3g B/s", kind, size / 2**20, n,
-                 seconds * 1e6, size / seconds * BUS_FACTOR[kind](n))
+                 seconds * 1e6, size / seconds * bus_factor(kind, n))
     return found
 
 
 def fitted_link(found: dict[str, list[list[float]]], n: int) -> Link:
-    """The link the cost model's alpha-beta collectives price these times with: per-step latency
-    and per-device bandwidth, least squares on the relative error of every (collective, size)."""
+    """The link the cost model prices these times with where it has no table (collectives.over_link):
+    latency and per-device bandwidth, least squares on the relative error of every (collective, size)."""
     rows, seconds = [], []
     for kind, points in found.items():
+        latencies, per_byte = link_terms(kind, n)
         for size, t in points:
-            rows.append([RING_STEPS[kind](n), BUS_FACTOR[kind](n) * size])
+            rows.append([latencies, per_byte * size])
             seconds.append(t)
     weights = 1 / np.array(seconds)
     (latency, inverse), _ = nnls(np.array(rows) * weights[:, None], np.ones(len(seconds)))

@@ -10,7 +10,7 @@ import jax
 from codesign.config.types import ModelSpec
 from codesign.engine.options import EngineOptions, engine_options
 from codesign.engine.programs import DTYPES
-from codesign.planner.device_profiles import ENCODER_PAIR, LAYER
+from codesign.hardware.profiles import ENCODER_PAIR, LAYER
 from codesign.zhen import counts, network
 
 

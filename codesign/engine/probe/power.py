@@ -16,7 +16,8 @@ from typing import Any, Callable, Mapping, Sequence
 
 from codesign.engine.probe.parts import Parts
 from codesign.gpu_power import device_handle, visible_name, visible_names
-from codesign.planner.device_profiles import PowerModel, data_sheet, data_sheet_power
+from codesign.hardware.datasheets import data_sheet
+from codesign.hardware.profiles import PowerModel, data_sheet_power
 
 log = logging.getLogger("codesign.profile")
 

@@ -20,8 +20,8 @@ from jax.sharding import NamedSharding
 from codesign.config.types import Job, ModelSpec
 from codesign.engine.job import build_training, train_steps
 from codesign.engine.programs import StartingValues, batch_shapes
-from codesign.planner.calibration import probe_jobs
-from codesign.planner.plan import make_plan
+from codesign.cost.calibration import probe_jobs
+from codesign.cost.plan import make_plan
 from codesign.run.device_env import device_env
 from codesign.zhen import network
 

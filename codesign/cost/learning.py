@@ -2,7 +2,7 @@
 
 A point is one attempt measured on the machine: its job, the plan that ran, the links it was
 priced with, its measured step time and peak. A refit fits the profile's COMPONENTS
-(planner.calibration) and a time factor per plan kind (plan.stage_kind: each kind errs on its own
+(cost.calibration) and a time factor per plan kind (plan.stage_kind: each kind errs on its own
 side) to the points, by least squares of relative error drawn toward the base profile; it is kept
 only when its error on held-out points (the newest third, priced by a fit to the older ones) is
 lower than the current calibration's on the same points. Memory is learned as an upper bound (an under-prediction is an OOM): a high quantile
@@ -22,11 +22,11 @@ from scipy.optimize import least_squares
 from codesign.config.loader import LinkSpec
 from codesign.config.types import Job
 from codesign.outcome import OOM
-from codesign.planner.calibration import COMPONENTS, FACTOR_BOUNDS, scaled
-from codesign.planner.cost import Workload, estimate
-from codesign.planner.device_profiles import DeviceProfile, profile_id
-from codesign.planner.formulas import Estimate
-from codesign.planner.plan import Plan, stage_kind
+from codesign.cost.calibration import COMPONENTS, FACTOR_BOUNDS, scaled
+from codesign.cost.model import Workload, estimate
+from codesign.hardware.profiles import DeviceProfile, profile_id
+from codesign.cost.formulas import Estimate
+from codesign.cost.plan import Plan, stage_kind
 
 MIN_POINTS = 6  # measured points before the first refit: fewer pin no factor
 GROWTH = 1.2  # refit once the points have grown by a fifth since the last fit (Ansor's rule)

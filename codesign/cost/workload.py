@@ -1,16 +1,19 @@
 """What the cost model prices a plan against: the job's per-layer work on a cluster's devices
-and links (a Workload), and where a stage runs (a Submesh). Pure Python, as planner.cost."""
+and links (a Workload), and where a stage runs (a Submesh). Pure Python, as cost.model."""
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
 from codesign.config.loader import LinkSpec
 from codesign.config.types import ClusterSpec, Job, ModelSpec
-from codesign.planner.device_profiles import DeviceProfile, Link, cluster_links
-from codesign.planner.formulas import ACTIVATION_BYTES, StageCost, hierarchical
-from codesign.planner.plan import StagePlan
+from codesign.hardware.links import Link, cluster_links
+from codesign.hardware.profiles import DeviceProfile
+from codesign.cost.formulas import ACTIVATION_BYTES, StageCost
+from codesign.hardware.device import Devices
+from codesign.cost.plan import StagePlan
 from codesign.zhen import counts
 
 @dataclass(frozen=True)
@@ -28,6 +31,8 @@ class Workload:
     layers: tuple[counts.Work, ...]  # per layer, all of it
     own: tuple[counts.Work, ...]  # per layer, outside its mixers
     mixers: tuple[tuple[tuple[str, counts.Work], ...], ...]  # per layer, (kind, work) of each mixer
+    gemms: tuple[tuple[tuple[counts.Gemm, ...], ...], ...] = ()  # per layer, each mixer's matmuls
+    own_gemms: tuple[tuple[counts.Gemm, ...], ...] = ()  # per layer, its own matmul's
     # estimate's stages by what they read: a search prices each stage in many plans
     stage_costs: dict[tuple, StageCost] = field(default_factory=dict, compare=False, repr=False)
 
@@ -39,7 +44,14 @@ class Workload:
         mixers = tuple(counts.layer_mixers(m, i, fold) for i in layers)
         return cls(m, job.cluster, job.training.precision, job.global_batch, job.num_micro_batches,
                    profile, intra, inter, tuple(counts.layer_work(m, i, fold) for i in layers),
-                   tuple(counts.layer_own_work(m, i) for i in layers), mixers)
+                   tuple(counts.layer_own_work(m, i) for i in layers), mixers,
+                   tuple(counts.layer_gemms(m, i, fold) for i in layers),
+                   tuple(counts.layer_own_gemms(m, i) for i in layers))
+
+    @functools.cached_property
+    def hw(self) -> Devices:
+        """The hardware's answers for this cluster's devices and links."""
+        return Devices.of(self.profile, self.cluster, self.intra, self.inter)
 
     @property
     def micro_batch(self) -> int:
@@ -55,13 +67,15 @@ class Workload:
         hosts = len({d // per_host for d in devices})
         return hosts, max(1, len(devices) // hosts)
 
-    def link(self, src: Sequence[int], dst: Sequence[int]) -> Link:
-        """Between two stages' devices: inside a host where they share one, else across hosts."""
+    def transfer(self, nbytes: float, src: Sequence[int], dst: Sequence[int]) -> float:
+        """Each of src's devices sending nbytes to dst's: inside a host where they share one, else
+        across hosts, as many devices of a host sending at once as src has there."""
         per_host = self.cluster.num_devices_per_host
-        return self.intra if {d // per_host for d in src} & {d // per_host for d in dst} else self.inter
+        across = not {d // per_host for d in src} & {d // per_host for d in dst}
+        return self.hw.point_to_point(nbytes, across, min(len(src), per_host))
 
-    def collective(self, kind, nbytes: float, devices: Sequence[int], calls: int = 1) -> float:
-        return hierarchical(kind, nbytes, *self.group(devices), self.intra, self.inter, calls)
+    def collective(self, kind: str, nbytes: float, devices: Sequence[int], calls: int = 1) -> float:
+        return self.hw.collective(kind, nbytes, *self.group(devices), calls)
 
     def collective_calls(self, layers: Sequence[int]) -> int:
         """Collectives over these layers' parameters (or gradients): one, where XLA combines them

@@ -17,8 +17,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from codesign.planner.device_profiles import DeviceProfile, PowerModel
-from codesign.planner.shared_cores import host_energy
+from codesign.hardware.device import Devices
+from codesign.hardware.profiles import DeviceProfile, PowerModel
 
 CLOCK_EXPONENT = 3.0
 LOWEST_CLOCK = 0.3  # of the highest: below it a limit no longer lowers the draw
@@ -72,14 +72,14 @@ def device_joules(power: PowerModel, busy: Busy, seconds: Any, limit: float | No
     return compute * run.compute + memory * run.memory + talk * run.communication + power.idle * idle
 
 
-def iteration_joules(profile: DeviceProfile, stages: Sequence[Busy], seconds: Any, devices: int,
+def iteration_joules(hw: Devices, stages: Sequence[Busy], seconds: Any, devices: int,
                      limits: Sequence[float | None] | None = None) -> Any:
     """Every device of the cluster over one iteration: each stage's devices busy and idle, the
     devices no stage uses idle throughout; NaN where the profile has no power model."""
-    power = profile.power
+    power = hw.profile.power
     if power is None:
         return np.nan * seconds
-    shared = host_energy(profile, stages, seconds)
+    shared = hw.host_energy(stages, seconds)
     if shared is not None:
         return shared
     limits = limits or [None] * len(stages)

@@ -108,7 +108,7 @@ def plan_name(plan: Plan) -> str:
 
 
 def stage_kind(pp: int, dp: int, op: int, micro: int) -> str:
-    """A stage's plan kind, what a calibration keeps a time factor under (planner.learning): "dp",
+    """A stage's plan kind, what a calibration keeps a time factor under (cost.learning): "dp",
     "op", "dp x op", "pp x dp"..., "single"; one program accumulating micro-batches is its own kind
     ("dp, accumulating"): its steps run another program than one micro-batch's."""
     kind = " x ".join(axis for axis, n in (("pp", pp), ("dp", dp), ("op", op)) if n > 1) or "single"

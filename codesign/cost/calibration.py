@@ -13,9 +13,9 @@ import dataclasses
 import numpy as np
 from scipy.optimize import least_squares, nnls
 
-from codesign.planner.cost import Workload, estimate
-from codesign.planner.plan import make_plan
-from codesign.planner.device_profiles import DeviceProfile, Rate
+from codesign.cost.model import Workload, estimate
+from codesign.cost.plan import make_plan
+from codesign.hardware.profiles import DeviceProfile, Rate
 from codesign.config.types import MIXERS, ClusterSpec, Job, ModelSpec, ParallelSpec, TrainingSpec
 
 # Widths of the probe models' layers (F_in, O, D) and the probe steps' samples per device, on CPU

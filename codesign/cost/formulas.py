@@ -1,5 +1,5 @@
-"""The cost model's value types and formulas: alpha-beta collectives, the roofline of one mixer
-call, Adam and gradient accumulation as memory traffic. Pure Python; planner.cost feeds them."""
+"""The cost model's value types, and the traffic of Adam and gradient accumulation in param-sized
+arrays. Pure Python; cost.model fills them from the hardware's answers (hardware.device)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from codesign.planner.device_profiles import DeviceProfile, Link, Points, interpolated
 
 PARAM_BYTES = 4  # master weights, gradients and Adam's moments stay fp32 under bf16
 ADAM_TRAFFIC = 8  # param-sized arrays read or written by one update: p, g, m, v in; p, m, v, zeroed g out
@@ -49,10 +48,10 @@ class StageCost:
     memory: Memory
     overheads: float = 0.0  # of forward and backward, the fixed costs per call (Compute.overheads)
     memory_bound: Any = 0.0  # seconds per iteration of memory traffic and fixed costs per call,
-    # included in the above: the time a lower clock does not stretch (planner.power)
+    # included in the above: the time a lower clock does not stretch (cost.power)
 
     def calibrated(self, time: float, memory: float) -> StageCost:
-        """Its seconds times `time`, its bytes times `memory` (a calibration's factors, planner.learning)."""
+        """Its seconds times `time`, its bytes times `memory` (a calibration's factors, cost.learning)."""
         if time == 1 and memory == 1:
             return self
         held = Memory(*(getattr(self.memory, f.name) * memory for f in dataclasses.fields(Memory)))
@@ -121,56 +120,7 @@ class Compute:
         return {"op all-reduce": self.all_reduce, "op all-gather": self.all_gather}
 
 
-# -- formulas --------------------------------------------------------------------------------
-
-def all_reduce(nbytes: float, n: int, link: Link, calls: int = 1) -> float:
-    """Ring all-reduce of nbytes in `calls` collectives: 2(n-1) steps each, and each device
-    sends 2(n-1)/n of the bytes."""
-    return 0.0 if n <= 1 else calls * 2 * (n - 1) * link.latency + 2 * (n - 1) / n * nbytes / link.bandwidth
-
-
-def all_gather(nbytes: float, n: int, link: Link, calls: int = 1) -> float:
-    """Ring all-gather (or reduce-scatter) of nbytes in all: (n-1)/n of them through each device."""
-    return 0.0 if n <= 1 else calls * (n - 1) * link.latency + (n - 1) / n * nbytes / link.bandwidth
-
-
-reduce_scatter = all_gather
-
-
-def point_to_point(nbytes: float, link: Link) -> float:
-    return link.latency + nbytes / link.bandwidth
-
-
-def hierarchical(collective, nbytes: float, hosts: int, per_host: int, intra: Link, inter: Link,
-                 calls: int = 1) -> float:
-    """A collective over hosts x per_host devices: inside each host first, then across hosts on
-    the per-host share (1/per_host of the bytes)."""
-    if hosts <= 1:
-        return collective(nbytes, per_host, intra, calls)
-    return collective(nbytes, per_host, intra, calls) + collective(nbytes / per_host, hosts, inter, calls)
-
-
-def call_time(flops: float, rate: float, overhead: float, share: float = 1.0, points: Points = (),
-              fixed_share: float | None = None) -> float:
-    """One call's seconds: its fixed cost plus its FLOPs at the effective rate (or interpolated
-    between measured points), slowed by the share of the device's speed it gets (virtual CPU
-    devices share cores); the fixed cost at `fixed_share` where given (shared_cores.fixed_share)."""
-    if points:
-        return interpolated(points, flops, rate) / share
-    return overhead / (fixed_share or share) + flops / rate / share
-
-
-def adam_time(param_bytes: float, profile: DeviceProfile, share: float = 1.0) -> float:
-    """Adam's update as memory traffic, at the share of the memory system its device gets (every
-    busy device updates its parameters at once). Its launch is the step's (pp = 1: one program)
-    or priced on the host's timeline (simulate): not again here."""
-    return ADAM_TRAFFIC * param_bytes / (profile.bandwidth * share)
-
-
-def accumulate_time(grad_bytes: float, profile: DeviceProfile, share: float, micro_batches: int) -> float:
-    """Seconds per micro-batch adding its gradients into the accumulator (none for one micro-batch)."""
-    return 0.0 if micro_batches == 1 else ACCUMULATE_TRAFFIC * grad_bytes / (profile.bandwidth * share)
-
+# -- helpers ---------------------------------------------------------------------------------
 
 def most(values: Iterable) -> Any:
     """max() of seconds or bytes, elementwise where they are arrays."""

@@ -1,15 +1,14 @@
 """The pipeline's timeline: an event simulation of exactly the orders the pipeline engine
-dispatches (planner.schedule), over stage costs from planner.cost."""
+dispatches (cost.schedule), over stage costs from cost.model."""
 
 from __future__ import annotations
 
 from typing import Any, Sequence
 
-from codesign.planner.formulas import StageCost, most, point_to_point
-from codesign.planner.plan import Plan
-from codesign.planner.schedule import BACKWARD, FORWARD, dispatch_order
-from codesign.planner.shared_cores import call_cost
-from codesign.planner.workload import Submesh, Workload
+from codesign.cost.formulas import StageCost, most
+from codesign.cost.plan import Plan
+from codesign.cost.schedule import BACKWARD, FORWARD, dispatch_order
+from codesign.cost.workload import Submesh, Workload
 from codesign.zhen import counts
 
 
@@ -25,7 +24,7 @@ def transfer_time(w: Workload, plan: Plan, index: int) -> float:
     src, dst = plan.stages[index], plan.stages[index + 1]
     nbytes = w.micro_batch * w.activation_bytes * counts.carry_width(w.model, src.layers[-1])
     shards = Submesh.of(src, plan.batch_axis).batch_shards
-    return point_to_point(nbytes / shards, w.link(src.device_ids, dst.device_ids))
+    return w.transfer(nbytes / shards, src.device_ids, dst.device_ids)
 
 
 def simulate(w: Workload, plan: Plan, stages: list[StageCost],
@@ -37,7 +36,7 @@ def simulate(w: Workload, plan: Plan, stages: list[StageCost],
     last backward ended, the seconds spent in transfers and the host's seconds of launches. Stage
     times (and `hops`, the transfers' where given) may be arrays: it only adds and takes maxima."""
     pp, micro = len(plan.stages), plan.num_micro_batches
-    dispatch = [call_cost(w.profile, len(stage.device_ids)) for stage in plan.stages]
+    dispatch = [w.hw.call_cost(len(stage.device_ids)) for stage in plan.stages]
     hops = [transfer_time(w, plan, s) for s in range(pp - 1)] if hops is None else hops
     host, free, done = 0.0, [0.0] * pp, {}
     for s, kind, m in dispatch_order(plan.schedule, pp, micro):

@@ -1,17 +1,18 @@
 """The cost model: seconds per iteration and peak bytes per device of any plan, before compiling.
 
 Pure Python and numpy (no JAX): pricing a plan takes microseconds. Three parts, kept apart:
-- formulas (planner.formulas): alpha-beta collectives, the roofline of one mixer call, Adam as
-  memory traffic; what devices sharing cores add (planner.shared_cores);
-- feeders: a `Workload` (planner.workload) holds what every plan of one (model, cluster,
+- the hardware's answers (hardware.device, through Workload.hw): a mixer call at measured rates
+  or as its GEMMs, a memory pass, each collective, a transfer, a launch; what devices sharing
+  cores add is one implementation of them (hardware.shared_cores);
+- feeders: a `Workload` (cost.workload) holds what every plan of one (model, cluster,
   training, micro-batches) shares (per-layer counts from zhen.counts, the device profile, the
   links), and the per-stage
   functions (`stage_compute`, `stage_memory`) price a contiguous range of layers on a (dp, op)
   submesh, so a dynamic program over stage boundaries can call them directly; they also take
   arrays, to price many models at once (planner.fast_pass);
 - `estimate(workload, plan)`: the whole plan. pp = 1 is gradient accumulation; pp > 1 is an
-  event simulation of exactly the orders the pipeline engine dispatches (planner.timeline);
-  its joules from what each device does and how long it idles (planner.power).
+  event simulation of exactly the orders the pipeline engine dispatches (cost.timeline);
+  its joules from what each device does and how long it idles (cost.power).
 """
 
 from __future__ import annotations
@@ -21,41 +22,23 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from codesign.errors import PlanError
-from codesign.planner.formulas import (
-    Compute,
-    most,
+from codesign.cost.formulas import (
+    ACCUMULATE_TRAFFIC,
+    ADAM_TRAFFIC,
     PARAM_BYTES,
+    Compute,
     Estimate,
     Memory,
     StageCost,
-    accumulate_time,
-    adam_time,
-    all_gather,
-    all_reduce,
-    call_time,
-    reduce_scatter,
+    most,
 )
-from codesign.planner.plan import Plan, StagePlan, make_plan, stage_kind
-from codesign.planner.device_profiles import (
-    ENCODER_PAIR,
-    LAYER,
-    DeviceProfile,
-    ProfileBook,
-)
-from codesign.planner.power import Busy, iteration_joules
-from codesign.planner.schedule import max_in_flight
-from codesign.planner.timeline import simulate
-from codesign.planner.workload import Submesh, Workload
-from codesign.planner.shared_cores import (
-    call_cost,
-    copies,
-    fixed_share,
-    lockstep,
-    memory_share,
-    pipeline_floor,
-    program_overheads,
-    remat_fixed,
-)
+from codesign.cost.plan import Plan, StagePlan, make_plan, stage_kind
+from codesign.cost.power import Busy, iteration_joules
+from codesign.cost.schedule import max_in_flight
+from codesign.cost.timeline import simulate
+from codesign.cost.workload import Submesh, Workload
+from codesign.hardware.device import Devices
+from codesign.hardware.profiles import ENCODER_PAIR, LAYER, DeviceProfile, ProfileBook
 from codesign.config.loader import LinkSpec
 from codesign.config.types import Job, ModelSpec
 from codesign.zhen import counts
@@ -75,7 +58,7 @@ def stage_compute(w: Workload, layers: Sequence[int], mesh: Submesh, remat: bool
                   busy: int) -> tuple[float, float, dict[str, float]]:
     """Seconds of one micro-batch's (forward, backward) through these layers on this submesh,
     with `busy` devices of the cluster computing at once; and the collectives among them."""
-    return finish(w.profile, mesh.op, remat, layers_compute(w, layers, mesh, busy))
+    return finish(w.hw, mesh.op, remat, layers_compute(w, layers, mesh, busy))
 
 
 def layers_compute(w: Workload, layers: Sequence[int], mesh: Submesh, busy: int) -> Compute:
@@ -92,7 +75,8 @@ def layer_compute(w: Workload, i: int, mesh: Submesh, busy: int, into: Compute =
     over op, and each sharded mixer all-reduces its output over op (forward and backward).
     Batch on op: each device takes micro_batch/op samples of all the work; the sharded weights
     are all-gathered over op and their gradients reduce-scattered."""
-    p, share, fixed_at = w.profile, w.profile.share(busy), fixed_share(w.profile, busy, mesh.op)
+    hw = w.hw
+    share, fixed_at = hw.share(busy), hw.fixed_share(busy, mesh.op)
     samples = w.micro_batch / mesh.batch_shards
     split = mesh.op if mesh.batch_axis == "dp" else 1
     fwd, bwd, fixed, overheads, comm = into.forward, into.backward, into.fixed, into.overheads, into.communication
@@ -101,40 +85,36 @@ def layer_compute(w: Workload, i: int, mesh: Submesh, busy: int, into: Compute =
         if work.sharded_flops and mesh.op > 1:
             collective, seconds = op_collective(w, work, samples, mesh)
             comm[collective] += seconds
-    for kind, work in engine_calls(w.mixers[i]):
-        rate = p.rate(w.precision, kind)
-        flops = samples * (work.flops - work.sharded_flops + work.sharded_flops / split)
-        traffic = samples * w.activation_bytes * _split(work, split) / (p.bandwidth * share) if p.roofline else 0
-        fold = work.fold_kernel * PARAM_BYTES / mesh.op / (p.bandwidth * share)
-        fwd += (call_time(flops, rate.forward, rate.overhead, share, rate.forward_points, fixed_at) + traffic
-                + FOLD_FORWARD * fold)
+    for kind, work, gemms in engine_calls(w.mixers[i], w.gemms[i] if w.gemms else None):
+        forward, backward, call = hw.mixer(kind, w.precision, work, gemms, samples, split, share, fixed_at)
+        traffic = hw.activations(samples * w.activation_bytes * _split(work, split), share)
+        fold = hw.memory(work.fold_kernel * PARAM_BYTES / mesh.op, share)
+        fwd += forward + traffic + FOLD_FORWARD * fold
+        bwd += backward + 3 * traffic + FOLD_BACKWARD * fold
         moved += 4 * traffic + (FOLD_FORWARD + FOLD_BACKWARD) * fold
-        fixed += rate.overhead / fixed_at
-        overheads += 3 * rate.overhead / fixed_at  # the forward's call, the backward's two
-        skipped = flops * work.skipped_backward / work.flops if work.flops else 0.0
-        bwd += (call_time(2 * flops - skipped, rate.backward, 2 * rate.overhead, share, rate.backward_points,
-                          fixed_at) + 3 * traffic + FOLD_BACKWARD * fold)
-    own, rate = w.own[i], p.rate(w.precision, LAYER)
-    traffic = samples * own.activations * w.activation_bytes / (p.bandwidth * share)
-    fwd += call_time(samples * own.flops, rate.forward, rate.overhead, share, rate.forward_points,
-                     fixed_at) + traffic
-    fixed += rate.overhead / fixed_at
-    overheads += 2 * rate.overhead / fixed_at
-    bwd += call_time(2 * samples * own.flops, rate.backward, rate.overhead, share,
-                     rate.backward_points, fixed_at) + 3 * traffic
+        fixed += call
+        overheads += 3 * call  # the forward's call, the backward's two
+    own = w.own[i]
+    forward, backward, call = hw.mixer(LAYER, w.precision, own, w.own_gemms[i] if w.own_gemms else (), samples, 1,
+                                       share, fixed_at, backward_calls=1)
+    traffic = hw.memory(samples * own.activations * w.activation_bytes, share)
+    fwd += forward + traffic
+    bwd += backward + 3 * traffic
+    fixed += call
+    overheads += 2 * call
     return Compute(fwd, bwd, fixed, overheads, comm["op all-reduce"], comm["op all-gather"], moved + 4 * traffic)
 
 
-def finish(p: DeviceProfile, op: int, remat: bool, c: Compute) -> tuple[Any, Any, dict[str, Any]]:
+def finish(hw: Devices, op: int, remat: bool, c: Compute) -> tuple[Any, Any, dict[str, Any]]:
     """A stage's (forward, backward, collectives) from its layers' sum: op's collectives, half in
     each direction, and the compute slowed by lockstep where there are any; with remat the
     backward recomputes the forward."""
     collectives = c.all_reduce + c.all_gather
-    slow = _where(collectives > 0, lockstep(p, op), 1.0)
+    slow = _where(collectives > 0, hw.lockstep(op), 1.0)
     half = c.all_reduce / 2 + c.all_gather / 2
     fwd, bwd = slow * c.forward + half, slow * c.backward + half
     if remat:
-        bwd += fwd - remat_fixed(p, slow * c.fixed)
+        bwd += fwd - hw.remat_fixed(slow * c.fixed)
     return fwd, bwd, c.communication
 
 
@@ -144,15 +124,20 @@ def _where(condition, yes, no):
 
 
 
-def engine_calls(mixers: Sequence[tuple[str, counts.Work]]) -> list[tuple[str, counts.Work]]:
-    """A layer's mixers as the engine calls them: its ATTENTION mixers' encoders as one encoder
-    vmapped over their stacked weights (network.ZhenBlock._encoded), one call of their summed
-    work with one set of fixed costs, priced as a pair (ENCODER_PAIR) where there are several;
-    the others one call each."""
-    attention = [work for kind, work in mixers if kind == "ATTENTION"]
-    calls = [(kind, work) for kind, work in mixers if kind != "ATTENTION"]
+def engine_calls(mixers: Sequence[tuple[str, counts.Work]], gemms: Sequence[tuple[counts.Gemm, ...]] | None = None
+                 ) -> list[tuple[str, counts.Work, tuple[counts.Gemm, ...]]]:
+    """A layer's mixers as the engine calls them, with their matmuls: its ATTENTION mixers'
+    encoders as one encoder vmapped over their stacked weights (network.ZhenBlock._encoded), one
+    call of their summed work with one set of fixed costs, priced as a pair (ENCODER_PAIR) where
+    there are several; the others one call each."""
+    gemms = gemms or [()] * len(mixers)
+    attention = [(work, g) for (kind, work), g in zip(mixers, gemms) if kind == "ATTENTION"]
+    calls = [(kind, work, g) for (kind, work), g in zip(mixers, gemms) if kind != "ATTENTION"]
+    if not attention:
+        return calls
     kind = ENCODER_PAIR if len(attention) > 1 else "ATTENTION"
-    return calls + ([(kind, sum(attention[1:], attention[0]))] if attention else [])
+    works, shapes = zip(*attention)
+    return calls + [(kind, sum(works[1:], works[0]), sum(shapes, ()))]
 
 
 def _split(work: counts.Work, op: int) -> float:
@@ -166,10 +151,10 @@ def op_collective(w: Workload, work: counts.Work, samples: float, mesh: Submesh,
     such mixers, `work` holding their sum."""
     if mesh.batch_axis == "dp":
         out = calls * samples * w.model.output_per_emb * w.model.emb_dim * w.activation_bytes
-        return "op all-reduce", 2 * w.collective(all_reduce, out, mesh.op_group, calls)
+        return "op all-reduce", 2 * w.collective("all-reduce", out, mesh.op_group, calls)
     weights = work.sharded_params * PARAM_BYTES
-    return "op all-gather", (w.collective(all_gather, weights, mesh.op_group, calls)
-                             + w.collective(reduce_scatter, weights, mesh.op_group, calls))
+    return "op all-gather", (w.collective("all-gather", weights, mesh.op_group, calls)
+                             + w.collective("reduce-scatter", weights, mesh.op_group, calls))
 
 
 def stage_params(w: Workload, layers: Sequence[int], op: int) -> float:
@@ -197,12 +182,12 @@ def gradient_sync(w: Workload, layers: Sequence[int], mesh: Submesh, zero: bool,
     calls = w.collective_calls(layers)
     sharded = zero and mesh.batch_axis == "dp" and mesh.dp > 1
     if sharded and w.profile.combines_collectives:
-        return "dp reduce-scatter", w.collective(reduce_scatter, nbytes, group, calls)
-    seconds = w.collective(all_reduce, nbytes, group, calls)
+        return "dp reduce-scatter", w.collective("reduce-scatter", nbytes, group, calls)
+    seconds = w.collective("all-reduce", nbytes, group, calls)
     if len(group) > 1:
-        seconds += copies(w.profile, w.profile.sync_traffic * nbytes, busy)
+        seconds += w.hw.copies(w.profile.sync_traffic * nbytes, busy)
     if sharded:
-        seconds += copies(w.profile, 2 * nbytes / mesh.dp, busy)
+        seconds += w.hw.copies(2 * nbytes / mesh.dp, busy)
     return f"{mesh.batch_axis} all-reduce", seconds
 
 
@@ -214,16 +199,16 @@ def stage_update(w: Workload, layers: Sequence[int], mesh: Submesh, zero: bool,
     that array's all-reduce (2 to 8 virtual devices: 0.7-1.6x its time per array), with the
     same copies through the shared memory."""
     param_bytes = stage_params(w, layers, mesh.op) * PARAM_BYTES
-    share = memory_share(w.profile, busy)
+    share = w.hw.memory_share(busy)
     if not zero or mesh.dp == 1:
-        return adam_time(param_bytes, w.profile, share), 0.0
+        return w.hw.memory(ADAM_TRAFFIC * param_bytes, share), 0.0
     calls = w.collective_calls(layers)
     if w.profile.combines_collectives:
-        gather = w.collective(all_gather, param_bytes, mesh.dp_group, calls)
+        gather = w.collective("all-gather", param_bytes, mesh.dp_group, calls)
     else:
-        gather = (w.collective(all_reduce, param_bytes, mesh.dp_group, calls)
-                  + copies(w.profile, w.profile.sync_traffic * param_bytes, busy))
-    return adam_time(param_bytes / mesh.dp, w.profile, share) + gather, gather
+        gather = (w.collective("all-reduce", param_bytes, mesh.dp_group, calls)
+                  + w.hw.copies(w.profile.sync_traffic * param_bytes, busy))
+    return w.hw.memory(ADAM_TRAFFIC * param_bytes / mesh.dp, share) + gather, gather
 
 
 def stage_memory(w: Workload, layers: Sequence[int], groups: Sequence[Sequence[int]], mesh: Submesh,
@@ -291,10 +276,10 @@ def estimate(w: Workload, plan: Plan) -> Estimate:
     if pp == 1:
         seconds, bubble = one_program(w, plan, stages[0], busy), 0.0
     else:  # each stage at its own devices' speed, unless the devices share cores with the others
-        alone = stages if not w.profile.shares_cores else [
+        alone = stages if not w.hw.shares_cores else [
             plan_stage(w, plan, s, len(stage.device_ids)) for s, stage in enumerate(plan.stages)]
         ends, pipeline_end, comm["stage transfers"], host = simulate(w, plan, alone)
-        seconds = max(max(ends), pipeline_floor(w.profile, plan, stages, busy, host))
+        seconds = max(max(ends), w.hw.pipeline_floor(plan, stages, busy, host))
         bubble = max(0.0, pipeline_end - max(micro * (s.forward + s.backward) for s in alone))
     peak = max((s.memory for s in stages), key=lambda m: m.total)
     busy = tuple(stage_busy(plan, s, c, seconds if pp == 1 else None)
@@ -303,11 +288,11 @@ def estimate(w: Workload, plan: Plan) -> Estimate:
     return Estimate(seconds=seconds, compute=tuple(micro * (s.forward + s.backward) for s in stages),
                     communication={k: v for k, v in comm.items() if v}, bubble=bubble,
                     optimizer=max(s.update for s in stages), memory=peak, device_memory=w.profile.memory,
-                    energy=iteration_joules(w.profile, busy, seconds, devices), busy=busy, devices=devices)
+                    energy=iteration_joules(w.hw, busy, seconds, devices), busy=busy, devices=devices)
 
 
 def stage_busy(plan: Plan, stage: StagePlan, cost: StageCost, one_program_seconds: Any = None) -> Busy:
-    """What the stage's devices do in an iteration (planner.power): its work (a single program:
+    """What the stage's devices do in an iteration (cost.power): its work (a single program:
     the step's seconds), less its collectives and its memory-bound seconds, is compute-bound."""
     work = plan.num_micro_batches * (cost.forward + cost.backward) + cost.update
     if one_program_seconds is not None:
@@ -328,9 +313,9 @@ def plan_stage(w: Workload, plan: Plan, index: int, busy: int) -> StageCost:
 
 def one_program(w: Workload, plan: Plan, only: StageCost, busy: int) -> Any:
     """pp = 1: one program's launch, each micro-batch's forward and backward (the fixed costs a
-    fused step pays once counted once, shared_cores.program_overheads), then the update."""
-    repeated = (plan.num_micro_batches - 1) * program_overheads(w.profile, only.overheads)
-    return call_cost(w.profile, busy) + plan.num_micro_batches * (only.forward + only.backward) - repeated + only.update
+    fused step pays once counted once, Devices.program_overheads), then the update."""
+    repeated = (plan.num_micro_batches - 1) * w.hw.program_overheads(only.overheads)
+    return w.hw.call_cost(busy) + plan.num_micro_batches * (only.forward + only.backward) - repeated + only.update
 
 
 def stage_cost(w: Workload, stage: StagePlan, index: int, plan: Plan, busy: int, pp: int | None = None,
@@ -343,7 +328,7 @@ def stage_cost(w: Workload, stage: StagePlan, index: int, plan: Plan, busy: int,
     pp = len(plan.stages) if pp is None else pp
     mesh = Submesh.of(stage, plan.batch_axis)
     compute = compute or layers_compute(w, stage.layers, mesh, busy)
-    fwd, bwd, comm = finish(w.profile, mesh.op, plan.remat, compute)
+    fwd, bwd, comm = finish(w.hw, mesh.op, plan.remat, compute)
     sync_kind, sync = gradient_sync(w, stage.layers, mesh, plan.reduce_scatter, busy)
     update, gather = stage_update(w, stage.layers, mesh, plan.reduce_scatter, busy)
     micro = plan.num_micro_batches
@@ -359,7 +344,7 @@ def stage_cost(w: Workload, stage: StagePlan, index: int, plan: Plan, busy: int,
     communication[sync_kind] = communication.get(sync_kind, 0.0) + (1 if once else micro) * sync
     if np.any(gather):
         communication["dp all-gather (ZeRO-2)"] = gather
-    accumulate = accumulate_time(memory.grads, w.profile, memory_share(w.profile, busy), micro)
+    accumulate = 0.0 if micro == 1 else w.hw.memory(ACCUMULATE_TRAFFIC * memory.grads, w.hw.memory_share(busy))
     traffic = (REMAT_TRAFFIC if plan.remat else 1.0) * compute.traffic + compute.overheads
     memory_bound = micro * (traffic + accumulate) + update - gather
     cost = (StageCost(fwd, bwd + accumulate, update + sync, communication, memory, compute.overheads, memory_bound)

@@ -21,8 +21,9 @@ from typing import Any, Iterable, Mapping
 
 import numpy as np
 
-from codesign.config.loader import LinkSpec
 from codesign.config.types import MIXERS, ClusterSpec, Job
+from codesign.hardware.datasheets import DATA_SHEETS, HBM_EFFICIENCY, DataSheet, data_sheet
+from codesign.hardware.links import Link
 
 log = logging.getLogger(__name__)
 
@@ -32,13 +33,6 @@ ENCODER_PAIR = "ATTENTION x2"  # two ATTENTION mixers of a layer, their encoders
 # ATTENTION call of their summed work)
 
 
-@dataclass(frozen=True)
-class Link:
-    bandwidth: float  # bytes/s each device sends on (per direction)
-    latency: float  # seconds per message step
-
-    def __str__(self) -> str:  # for the profile's progress lines
-        return f"{self.bandwidth:.3g} B/s, {self.latency * 1e6:.1f} us per step"
 
 
 Points = tuple[tuple[float, float], ...]  # (FLOPs of one call, its seconds), FLOPs ascending
@@ -54,7 +48,7 @@ class PowerModel:
     memory: float  # busy and memory-bound (or launch-bound), at full clock
     communication: float  # in collectives and transfers between devices
     limits: tuple[float, float] = (0.0, 0.0)  # (lowest, highest) settable power limit; (0, 0): none
-    floor: float = 0.0  # busy at the lowest clock (planner.power); 0: as idle
+    floor: float = 0.0  # busy at the lowest clock (cost.power); 0: as idle
     source: str = "built-in"  # where the figures come from
 
     def to_dict(self) -> dict[str, Any]:
@@ -144,12 +138,13 @@ class DeviceProfile:
     power: PowerModel | None = None  # None: energy is not priced (a profile from before power models)
     versions: tuple[tuple[str, str], ...] = ()
     source: str = "built-in"
-    # What this machine's calibration learned from its measured attempts (planner.learning): a
+    # What this machine's calibration learned from its measured attempts (cost.learning): a
     # factor on each stage's seconds per plan kind (plan.stage_kind), one on its peak bytes (an
     # upper bound), and the calibration's version (0: none)
     plan_factors: tuple[tuple[str, float], ...] = ()
     memory_factor: float = 1.0
     calibration: int = 0
+    gemms: bool = False  # mixers priced as the GEMMs they run (hardware.gemm), not at `rates`: a data-sheet GPU
 
     def rate(self, precision: str, kind: str) -> Rate:
         table = dict(self.rates)
@@ -174,7 +169,7 @@ class DeviceProfile:
     @property
     def shares_cores(self) -> bool:
         """Virtual CPU devices: they, and the host launching their programs, share one machine.
-        The one test of it; planner.shared_cores prices what follows from it."""
+        The one test of it; hardware.shared_cores prices what follows from it."""
         return self.platform == "cpu"
 
     def to_dict(self) -> dict[str, Any]:
@@ -185,7 +180,7 @@ class DeviceProfile:
         data["power"] = self.power.to_dict() if self.power else None
         data["plan_factors"] = dict(self.plan_factors)
         for name, unset in (("activation_share", 1.0), ("cores", 0), ("power", None), ("plan_factors", {}),
-                            ("memory_factor", 1.0), ("calibration", 0)):  # profiles from before them keep their ids
+                            ("memory_factor", 1.0), ("calibration", 0), ("gemms", False)):  # profiles from before them keep their ids
             if data[name] == unset:
                 del data[name]
         return data
@@ -208,12 +203,8 @@ class DeviceProfile:
                    power=PowerModel.from_dict(data["power"]) if data.get("power") else None,
                    versions=tuple(sorted(data.get("versions", {}).items())), source=data.get("source", "measured"),
                    plan_factors=tuple(sorted((k, float(f)) for k, f in data.get("plan_factors", {}).items())),
-                   memory_factor=float(data.get("memory_factor", 1.0)), calibration=int(data.get("calibration", 0)))
-
-
-# Public figures, per direction: NVLink 4 is 450 GB/s (H100/H200 SXM), of which a ring reaches
-# ~80%; EFAx4 is 4 x 100 Gb/s; TCPx4 4 x 25 Gb/s. Latencies as NCCL sees them.
-DEFAULT_LINKS = {"NVLink": Link(360e9, 10e-6), "EFAx4": Link(40e9, 30e-6), "TCPx4": Link(10e9, 100e-6)}
+                   memory_factor=float(data.get("memory_factor", 1.0)), calibration=int(data.get("calibration", 0)),
+                   gemms=bool(data.get("gemms", False)))
 
 
 def _uniform(matmul: float, overhead: float, elementwise: float) -> tuple[tuple[str, Rate], ...]:
@@ -229,37 +220,11 @@ def _uniform(matmul: float, overhead: float, elementwise: float) -> tuple[tuple[
 GPU_ACTIVATION_SHARE = 0.55
 
 
-@dataclass(frozen=True)
-class DataSheet:
-    """A GPU as its vendor lists it: memory, dense peak FLOP/s (bf16, and TF32 for fp32), HBM B/s,
-    board power (TDP) and the lowest power limit it accepts, and its idle draw as measured."""
-
-    memory_gib: float
-    bf16: float
-    tf32: float
-    bandwidth: float
-    tdp: float
-    lowest_limit: float
-    idle: float
-
-
-# TDP: NVIDIA's H100/H200 SXM data sheets (up to 700 W) and A100 SXM4 (400 W). Lowest limits:
-# nvidia-smi's power-limit range (H100/H200 SXM 200 W, as power-capping studies of both sweep
-# it, 200-700 W; A100 SXM4 100 W). Idle: an H200 SXM measured 80 W idle (alice GPU energy
-# benchmark, 2026), taken for the H100 too; an A100 SXM4 idles near 50 W.
-DATA_SHEETS = {"H100": DataSheet(80, 989e12, 495e12, 3.35e12, 700, 200, 80),
-               "H200": DataSheet(141, 989e12, 495e12, 4.8e12, 700, 200, 80),
-               "A100": DataSheet(80, 312e12, 156e12, 2.04e12, 400, 100, 50)}
 # Busy watts as shares of TDP where nothing measured them: compute-bound kernels run at the
 # limit; memory- and launch-bound ones, and collectives, leave the SMs partly idle; at its
 # lowest clock a busy GPU still draws its memory's and fabric's share. `codesign profile` on a
 # GPU measures the busy figures in its timed loops.
 MEMORY_BOUND_TDP, COMMUNICATION_TDP, FLOOR_TDP = 0.65, 0.45, 0.25
-
-
-def data_sheet(kind: str) -> DataSheet | None:
-    """The data sheet of a device kind such as "NVIDIA H100 80GB HBM3" (None: none listed)."""
-    return next((DATA_SHEETS[k] for k in DATA_SHEETS if k.lower() in kind.lower()), None)
 
 
 def data_sheet_power(sheet: DataSheet) -> PowerModel:
@@ -278,8 +243,8 @@ def _gpu(kind: str, sheet: DataSheet) -> DeviceProfile:
     return DeviceProfile(kind=kind, platform="gpu", memory=int(sheet.memory_gib * 2**30),
                          rates=(("bf16", _uniform(0.5 * sheet.bf16, launch, 0.1 * sheet.bf16)),
                                 ("fp32", _uniform(0.5 * sheet.tf32, launch, 0.1 * sheet.tf32))),
-                         bandwidth=0.8 * sheet.bandwidth, dispatch=30e-6, activation_share=GPU_ACTIVATION_SHARE,
-                         power=data_sheet_power(sheet))
+                         bandwidth=HBM_EFFICIENCY * sheet.bandwidth, dispatch=30e-6,
+                         activation_share=GPU_ACTIVATION_SHARE, power=data_sheet_power(sheet), gemms=True)
 
 
 # GPUs as `codesign profile` measured them (measured/KIND.json), in place of their data sheet's
@@ -363,8 +328,11 @@ class ProfileBook:
         return kind in self.profiles or builtin_kind(kind) is not None
 
     def for_job(self, job: Job) -> DeviceProfile:
-        """A simulated cluster's declared device, else this machine's device of the job's platform."""
-        kind = job.cluster.device if job.cluster.is_simulated else self.local.get(job.platform, job.platform)
+        return self.for_cluster(job.cluster, job.platform)
+
+    def for_cluster(self, cluster: ClusterSpec, platform: str) -> DeviceProfile:
+        """A simulated cluster's declared device, else this machine's device of the platform."""
+        kind = cluster.device if cluster.is_simulated else self.local.get(platform, platform)
         found = self.profiles.get(kind) or self.profiles.get(builtin_kind(kind) or "")
         if found is None:
             log.warning("no profile for device kind %r; pricing it as an H100", kind)
@@ -377,20 +345,3 @@ def profile_id(profile: DeviceProfile) -> str:
     priced by, and what the results DB keeps a copy under."""
     digest = hashlib.sha256(json.dumps(profile.to_dict(), sort_keys=True).encode()).hexdigest()
     return f"{profile.kind}@{digest[:12]}"
-
-
-def cluster_links(profile: DeviceProfile, cluster: ClusterSpec,
-                  overrides: Iterable[LinkSpec] = ()) -> tuple[Link, Link]:
-    """(inside a host, between hosts). Virtual CPU devices talk through local memory whatever the
-    declared transport; GPUs use NVLink inside a host (the link a measured profile timed between
-    its host's GPUs, where it has one) and the cluster's transport across hosts; `[links]` wins."""
-    if profile.link is not None and profile.shares_cores:
-        return profile.link, profile.link
-    links = dict(DEFAULT_LINKS)
-    if profile.link is not None:
-        links["NVLink"] = profile.link
-    for spec in overrides:
-        base = links[spec.name]
-        links[spec.name] = Link(spec.bandwidth or base.bandwidth,
-                                base.latency if spec.latency is None else spec.latency)
-    return links["NVLink"], links[cluster.transport]
