@@ -40,7 +40,7 @@ FENCE = re.compile(r"^(\s*)```(\w*)\s*$")
 SHELLS = ("sh", "bash", "shell")
 CODESIGN = (".venv/bin/codesign", "codesign")
 # `codesign COMMAND`; anything else after the program (flags, or none) is `run`'s, as the CLI reads it.
-COMMANDS = ("run", "search", "plan", "profile", "reprice", "report", "export")
+COMMANDS = ("run", "search", "plan", "profile", "reprice", "report", "export", "hardware")
 # A small config for TOML fragments: the tables a fragment lacks come from here.
 BASE = {
     "training_spec": "[training_spec]\navg_batch_size_per_device = 16\nnum_iters = 6\n",

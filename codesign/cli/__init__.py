@@ -14,7 +14,7 @@ import sys
 from typing import Callable
 
 from codesign import __version__
-from codesign.cli import export, plan, profile, report, reprice, run, search
+from codesign.cli import export, hardware, plan, profile, report, reprice, run, search
 from codesign.cli.common import EXIT_USAGE
 from codesign.cli.run import build_parser as build_run_parser
 from codesign.cli.search import build_parser as build_search_parser
@@ -29,6 +29,7 @@ COMMANDS: dict[str, tuple[Callable[[list[str]], int], str]] = {
     "run": (run.main, "run every job of a config not yet recorded (the default command)"),
     "plan": (plan.main, "rank every plan by predicted time; run nothing"),
     "profile": (profile.main, "measure this machine's devices for the cost model"),
+    "hardware": (hardware.main, "show what the cost model believes of GEMMs and collectives"),
     "reprice": (reprice.main, "re-price a DB's recorded attempts with the profiles at hand"),
     "report": (report.main, "write the report of a results DB"),
     "export": (export.main, "write a results DB's attempts as CSV"),
