@@ -11,6 +11,8 @@
 #     through the real CLI at bf16 and fp32, batch 1024 and 4096, into one fresh DB;
 #  4. the cost model's error on those results (bench/bench_cost_model.py; target: median <= 10%), and the
 #     built-in profile's of this device kind on the same (the H200's is a measured one; the H100's its data sheet's);
+# 11. (after part 4) the GEMMs the seed model's mixers run, timed on the GPU beside `codesign hardware gemm`
+#     for its kind (bench/bench_gemms.py: the measured table's prediction against this device, bf16 and fp32);
 # 10. (after part 4) the cost model learns (issue 49): bench/gpu_cost.toml again into a second DB, on the
 #     same profile cache, so priced by the calibration part 3's attempts refitted (the versions are printed):
 #     part 4's error on the second DB (target: median <= 5%);
@@ -30,7 +32,7 @@
 #     all of them together (bench/flag_winners.py), so one lease finds the combination to make the default.
 # The whole check ends within GPU_CHECK_SECONDS (360 s) of its start: each part's timeout is cut to the time
 # left, and a part with less than 15 s left is skipped.
-# GPU_CHECK_PARTS="1 2 3 4" runs those parts alone (default: 1-6, 10 and 9), for a device lease too short for all;
+# GPU_CHECK_PARTS="1 2 3 4" runs those parts alone (default: 1-6, 11, 10 and 9), for a device lease too short for all;
 # GPU_CHECK_ROWS="project-bias-add reference" adds bench_step rows to part 1 (a before/after in one run;
 # project-one-vector: no leaf kept whole beside the flat vector, EngineOptions.whole_leaf; project-whole-leaf: the
 # fp32 step's large leaves whole in bf16 too, so Adam updates the DOT kernel in a kernel of its own, traced too);
@@ -54,11 +56,11 @@ exec > >(tee "$out/gpu_check.log") 2>&1
 if [ -n "${GPU_CHECK_SMOKE:-}" ]; then
   model=(--model tiny --steps 1) b1=8 b2=16 platform=cpu batches="8" precisions="fp32"
   export CODESIGN_PROFILE_LOOPS=small  # the profile's GPU path (loop-timed sections), at small sizes
-  t_bench=300 t_profile=300 t_cli=900 t_cost=120 t_large=600 t_power=600 seconds=${GPU_CHECK_SECONDS:-3600}
+  t_bench=300 t_profile=300 t_cli=900 t_cost=120 t_gemm=120 t_large=600 t_power=600 seconds=${GPU_CHECK_SECONDS:-3600}
 else
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
   model=(--model seed --steps 20) b1=1024 b2=4096 platform=gpu batches="1024 4096" precisions="bf16 fp32"
-  t_bench=70 t_profile=150 t_cli=240 t_cost=20 t_large=100 t_power=90 seconds=${GPU_CHECK_SECONDS:-360}
+  t_bench=70 t_profile=150 t_cli=240 t_cost=20 t_gemm=40 t_large=100 t_power=90 seconds=${GPU_CHECK_SECONDS:-360}
 fi
 end=$(( $(date +%s) + seconds ))
 within() { local left=$(( end - $(date +%s) )); echo $(( $1 < left ? $1 : (left > 1 ? left : 1) )); }  # a timeout, cut to the time left
@@ -70,7 +72,7 @@ keep() {  # the files made so far, back in one archive (the JAX caches stay behi
 bench_step() { timeout $(within $t_bench) "$py" bench/bench_step.py "${model[@]}" --cache "$JAX_COMPILATION_CACHE_DIR" "$@"; }
 
 part() {  # a part named in GPU_CHECK_PARTS, with 15 s or more of the check's time left
-  [[ " ${GPU_CHECK_PARTS:-1 2 3 4 10 9 5 6} " == *" ${1%.} "* ]] || return 1
+  [[ " ${GPU_CHECK_PARTS:-1 2 3 4 11 10 9 5 6} " == *" ${1%.} "* ]] || return 1
   if (( end - $(date +%s) < 15 )); then echo "## $* skipped: the check's $seconds s are spent"; return 1; fi
   echo "## $*"
 }
@@ -121,6 +123,13 @@ if part 4. cost model error; then
 timeout $(within $t_cost) "$py" bench/bench_cost_model.py -d "$work/gpu.db" -v
 echo "# the same attempts priced by the built-in profile of this device kind (what prices it before a profile is measured):"
 timeout $(within $t_cost) "$py" bench/bench_cost_model.py -d "$work/gpu.db" --builtin -v
+keep
+fi
+
+if part 11. the seed model GEMMs timed, beside the hardware model; then
+for precision in $precisions; do
+  timeout $(within $t_gemm) "$py" bench/bench_gemms.py "${model[@]:0:2}" --batch $b1 --precision $precision
+done
 keep
 fi
 

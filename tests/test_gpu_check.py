@@ -4,11 +4,12 @@ kernel table, then every change that beat part 1's step together (bench/flag_win
 import os
 import re
 import subprocess
+import sys
 import tarfile
 
 import pytest
 
-from bench import bench_power, flag_winners
+from bench import bench_gemms, bench_power, flag_winners
 from codesign.outcome import Outcome
 from codesign.store.database import Store
 from tests.conftest import REPO
@@ -69,10 +70,26 @@ def test_part_9_compares_energy_with_the_prediction_and_runs_the_power_limits_wh
     """Part 9 exists, after part 4 and before part 5, among the default parts; the script parses."""
     script = (REPO / "bench" / "gpu_check.sh").read_text()
     assert subprocess.run(["bash", "-n", str(REPO / "bench" / "gpu_check.sh")], check=False).returncode == 0
-    assert 'GPU_CHECK_PARTS:-1 2 3 4 10 9 5 6}' in script
+    assert 'GPU_CHECK_PARTS:-1 2 3 4 11 10 9 5 6}' in script
     order = [script.index(f"\nif part {n}. ") for n in (4, 10, 9, 5)]
     assert order == sorted(order)
     assert 'bench/bench_power.py -d "$work/gpu.db" --limits' in script
+
+
+def test_part_11_times_the_seed_models_gemms_beside_the_hardware_model():
+    """Part 11 (issue 54): after part 4, bench_gemms.py in each precision; on CPU it times every
+    distinct GEMM of the tiny model and says the CPU has no table to compare with."""
+    script = (REPO / "bench" / "gpu_check.sh").read_text()
+    assert script.index("\nif part 4. ") < script.index("\nif part 11. ") < script.index("\nif part 10. ")
+    assert 'bench/bench_gemms.py "${model[@]:0:2}" --batch $b1 --precision $precision' in script
+    gemms = bench_gemms
+    seed = gemms.shapes(gemms.MODELS["seed"], 1024)
+    assert ("L0 DOT[1] fwd", 1024, 512, 512 * 512) in seed and len(seed) == len({s[1:] for s in seed})
+    proc = subprocess.run([sys.executable, "bench/bench_gemms.py", "--model", "tiny", "--batch", "8", "--repeats", "2"],
+                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = [line for line in proc.stdout.splitlines()[2:] if line.strip()]
+    assert len(rows) == len(gemms.shapes(gemms.MODELS["tiny"], 8)) and all("no table" in r for r in rows)
 
 
 def test_part_10_runs_the_cost_jobs_again_priced_by_what_part_3_taught():
