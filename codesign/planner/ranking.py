@@ -187,16 +187,21 @@ def rank_target(target: Target, training: TrainingSpec, book: ProfileBook, links
                     positions)
     ranking = _fast_ranking(target, pricer, found, top)
     exact = pricer.degrees == 1  # the space holds one-program plans only
-    search_one = functools.partial(_search_one, ranking, found, training, book, links)
-    for c in np.flatnonzero(~np.isfinite(ranking.seconds)):
-        if int(c) not in ranking.reasons:
-            search_one(int(c))
-    if not exact:
-        _pruned_searches(ranking, search_one, top, prune)
-    while not all(ranking.searched[c] for c in ranking.top(top)):  # the top K as a sweep would run them
-        for c in ranking.top(top):
-            if not ranking.searched[c]:
+    with tqdm(desc=f"full searches on {target.cluster.summary()}", unit="search", file=sys.stderr, disable=None,
+              leave=False) as bar:
+        def search_one(c: int) -> None:
+            _search_one(ranking, found, training, book, links, c)
+            bar.update()
+
+        for c in np.flatnonzero(~np.isfinite(ranking.seconds)):
+            if int(c) not in ranking.reasons:
                 search_one(int(c))
+        if not exact:
+            _pruned_searches(ranking, search_one, top, prune)
+        while not all(ranking.searched[c] for c in ranking.top(top)):  # the top K as a sweep would run them
+            for c in ranking.top(top):
+                if not ranking.searched[c]:
+                    search_one(int(c))
     log.info("%s: %d of %d candidates searched in full", target.describe(), int(ranking.searched.sum()), len(found))
     return ranking
 
