@@ -46,7 +46,7 @@ def test_factors_are_recovered_from_steps_the_cost_model_would_predict(truth):
     """Unpenalised, the fit recovers the factors that made the steps; drawn toward the
     micro-benchmarks, it still fits the steps, with factors no further from 1 than the truth."""
     probed = BUILTIN["cpu"]
-    assert probed.sync_traffic > 0 and probed.contention > 0
+    assert probed.shared.sync_traffic > 0 and probed.shared.contention > 0
     jobs = probe_jobs(8)
     measured = predicted(scaled(probed, truth), jobs)
     found = fitted_factors(probed, jobs, measured, prior=0.0)
@@ -217,4 +217,4 @@ def test_a_cpu_profile_compiles_every_program_before_it_times_any(tmp_path, monk
     assert {f"start {k}" for k in values} <= set(events[:first_time])
     assert {f"time {k}" for k in values} | {"time steps 0", f"time steps {n + 1}"} <= set(events[first_time:])
     assert events[-1] == f"close {n + 1}" and profile.bandwidth == 1e10 and profile.link == Link(1e9, 1e-5)
-    assert profile.cores == len(os.sched_getaffinity(0))  # what its op groups' fixed costs overlap on
+    assert profile.shared.cores == len(os.sched_getaffinity(0))  # what its op groups' fixed costs overlap on

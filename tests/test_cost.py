@@ -31,6 +31,7 @@ from codesign.hardware.profiles import (
     MEASURED,
     DeviceProfile,
     ProfileBook,
+    Provenance,
     Rate,
     interpolated,
 )
@@ -48,6 +49,11 @@ def job(model=SEED, hosts=1, per_host=1, pp_dp_op=(1, 1, 1), micro=1, batch=1024
     cluster = ClusterSpec(hosts, per_host, transport, "sim", device)
     spec = ParallelSpec("manual", (micro,), pp_dp_op=pp_dp_op, **parallel)
     return Job(model, cluster, TrainingSpec(batch, 5, precision=precision), spec, micro, "sim")
+
+
+def with_shared(profile: DeviceProfile, **fit) -> DeviceProfile:
+    """The profile with some of its shared-core terms replaced."""
+    return dataclasses.replace(profile, shared=dataclasses.replace(profile.shared, **fit))
 
 
 def devices(profile: DeviceProfile) -> Devices:
@@ -241,7 +247,7 @@ def test_any_plan_is_priced_and_stage_costs_add_up_over_layers():
 
 def test_cpu_profile_shares_cores_between_busy_devices():
     cpu = BUILTIN["cpu"]
-    assert cpu.share(1) == 1.0 and cpu.share(8) == pytest.approx(dict(cpu.speedup)[8] / 8) and cpu.share(8) < 0.2
+    assert cpu.share(1) == 1.0 and cpu.share(8) == pytest.approx(dict(cpu.shared.speedup)[8] / 8) and cpu.share(8) < 0.2
     small = dict(model=SMALL, batch=16)
     one = priced(job(device="cpu", **small))
     eight = priced(job(device="cpu", per_host=8, pp_dp_op=(1, 8, 1), **small))
@@ -263,7 +269,7 @@ def test_links_are_overridable_per_transport():
 
 
 def test_a_measured_gpu_link_prices_inside_a_host_unless_links_override_it():
-    measured = dataclasses.replace(BUILTIN["H100"], link=Link(2e11, 9e-6), source="measured")
+    measured = dataclasses.replace(BUILTIN["H100"], link=Link(2e11, 9e-6), provenance=Provenance("measured"))
     cluster = ClusterSpec(2, 8, "EFAx4", "sim", "H100")
     intra, inter = cluster_links(measured, cluster)
     assert intra == Link(2e11, 9e-6) and inter == cluster_links(BUILTIN["H100"], cluster)[1]
@@ -276,7 +282,7 @@ def test_a_measured_gpu_link_prices_inside_a_host_unless_links_override_it():
 
 def test_profiles_round_trip_through_json_and_book_lookup():
     cpu = BUILTIN["cpu"]
-    assert DeviceProfile.from_dict(cpu.to_dict()) == dataclasses.replace(cpu, source="built-in")
+    assert DeviceProfile.from_dict(cpu.to_dict()) == dataclasses.replace(cpu, provenance=Provenance("built-in"))
     book = ProfileBook()
     gpu = Job(SEED, ClusterSpec(1, 1, "NVLink", "gpu"), TrainingSpec(8, 5), ParallelSpec("x", (1,)), 1, "gpu")
     book.local["gpu"] = "NVIDIA H200"
@@ -462,7 +468,7 @@ def test_cpu_devices_share_one_memory_system_and_sync_one_array_at_a_time():
     nbytes = cost.stage_params(w, layers, 1) * cost.PARAM_BYTES
     arrays = sum(w.layers[i].tensors for i in layers)
     _, sync = cost.gradient_sync(w, layers, mesh, False, 8)
-    copies = cpu.sync_traffic * nbytes * 8 / cpu.bandwidth
+    copies = cpu.shared.sync_traffic * nbytes * 8 / cpu.bandwidth
     assert sync == pytest.approx(collectives.ring("all-reduce", nbytes, 8, cpu.link, calls=arrays) + copies)
     assert arrays > 20 and sync > collectives.ring("all-reduce", nbytes, 8, cpu.link) + copies + 20 * 14 * cpu.link.latency
 
@@ -483,7 +489,7 @@ def test_a_pipeline_on_shared_cores_is_no_faster_than_its_packed_work():
     plan, stages, busy = stages_of(gpu)
     assert devices(BUILTIN["H100"]).pipeline_floor(plan, stages, busy) == 0.0  # own devices: never binds
     assert devices(BUILTIN["cpu"]).pipeline_floor(plan, stages, busy) == pytest.approx(
-        shared_cores.packed_bound(plan, stages, busy, contention=BUILTIN["cpu"].contention))
+        shared_cores.packed_bound(plan, stages, busy, contention=BUILTIN["cpu"].shared.contention))
 
 
 def test_remat_on_cpu_recomputes_the_forward_without_its_fixed_costs_again():
@@ -512,13 +518,13 @@ def test_launching_a_program_costs_the_cpu_host_once_per_device():
 
 def test_contention_slows_pipelines_on_shared_cores_only():
     cpu = BUILTIN["cpu"]
-    calm, busy = (dataclasses.replace(cpu, contention=c) for c in (0.0, 0.1))
+    calm, busy = (with_shared(cpu, contention=c) for c in (0.0, 0.1))
     pipeline = job(model=SMALL, batch=16, device="cpu", per_host=8, pp_dp_op=(2, 2, 2), micro=4, num_auto_layers=2)
     assert priced(pipeline, busy).seconds > 1.3 * priced(pipeline, calm).seconds
     single_program = job(model=SMALL, batch=16, device="cpu", per_host=8, pp_dp_op=(1, 4, 2), micro=4)
     assert priced(single_program, busy).seconds == priced(single_program, calm).seconds
     gpu = job(per_host=4, pp_dp_op=(4, 1, 1), micro=8, num_auto_layers=4)
-    assert priced(gpu, dataclasses.replace(BUILTIN["H100"], contention=0.1)).seconds == priced(gpu).seconds
+    assert priced(gpu, with_shared(BUILTIN["H100"], contention=0.1)).seconds == priced(gpu).seconds
 
 
 UNIFORM = ModelSpec(32, 16, 8, 4, (("ATTENTION", "LINEAR"),) * 4)  # bench_auto's "uniform" model
@@ -542,7 +548,7 @@ def test_cpu_zero2_is_priced_as_xla_cpu_runs_it_slower_than_without():
     nbytes = cost.stage_params(w, range(4), 1) * cost.PARAM_BYTES
     _, gather = cost.stage_update(w, range(4), Submesh(tuple(range(8)), 8, 1), True, 8)
     assert gather == pytest.approx(w.hw.collective("all-gather", nbytes, 1, 8))
-    assert cpu.lockstep > 0 and BUILTIN["H100"].lockstep == 0
+    assert cpu.shared.lockstep > 0 and BUILTIN["H100"].shared.lockstep == 0
 
 
 @pytest.mark.parametrize("per_host, ranked", [
@@ -558,7 +564,7 @@ def test_op_collectives_keep_devices_in_lockstep_on_shared_cores(per_host, ranke
     w = Workload.of(job(**kwargs), BUILTIN["cpu"])
     dp_only, dp_op = (cost.stage_compute(w, range(4), Submesh(tuple(range(4)), 4 // op, op), False, 4)
                       for op in (1, 2))
-    alone = dataclasses.replace(w, profile=dataclasses.replace(BUILTIN["cpu"], lockstep=0.0))
+    alone = dataclasses.replace(w, profile=with_shared(BUILTIN["cpu"], lockstep=0.0))
     unlocked = cost.stage_compute(alone, range(4), Submesh(tuple(range(4)), 2, 2), False, 4)
     ops = dp_op[2]["op all-reduce"] / 2
     assert dp_op[0] - ops == pytest.approx(devices(BUILTIN["cpu"]).lockstep(2) * (unlocked[0] - ops))
@@ -569,7 +575,7 @@ def test_op_collectives_keep_devices_in_lockstep_on_shared_cores(per_host, ranke
 def fixed_costs_only(profile: DeviceProfile) -> DeviceProfile:
     """The profile with FLOPs and memory traffic free: what stage_compute charges is fixed costs."""
     rates = tuple((p, tuple((k, Rate(1e30, 1e30, r.overhead)) for k, r in table)) for p, table in profile.rates)
-    return dataclasses.replace(profile, rates=rates, bandwidth=1e30, lockstep=0.0)
+    return dataclasses.replace(with_shared(profile, lockstep=0.0), rates=rates, bandwidth=1e30)
 
 
 def test_an_op_groups_fixed_costs_overlap_on_the_hosts_cores():
@@ -579,7 +585,7 @@ def test_an_op_groups_fixed_costs_overlap_on_the_hosts_cores():
     independent devices: none faster than one) priced op 4 and 8 at 1.5-2.1 and 2.1-3.3 times it.
     A profile that knows its cores charges an op group's fixed costs at up to cores / busy of one
     device's speed; independent devices (dp), a profile of unknown cores and GPUs are unchanged."""
-    cpu = dataclasses.replace(BUILTIN["cpu"], cores=2)
+    cpu = with_shared(BUILTIN["cpu"], cores=2)
     def fixed_share(profile, busy, op):
         return devices(profile).fixed_share(busy, op)
 
@@ -604,7 +610,7 @@ def test_an_op_groups_fixed_costs_overlap_on_the_hosts_cores():
                                                    pp_dp_op=(1, 1, 4), micro=micro)))
         fused.append(found.seconds - found.communication["op all-reduce"])
     assert fused == pytest.approx([fused[0]] * 3, rel=1e-9)
-    assert DeviceProfile.from_dict(cpu.to_dict()) == dataclasses.replace(cpu, source="built-in")
+    assert DeviceProfile.from_dict(cpu.to_dict()) == dataclasses.replace(cpu, provenance=Provenance("built-in"))
     assert "cores" not in BUILTIN["cpu"].to_dict()  # profiles from before it keep their ids
 
 
@@ -639,7 +645,7 @@ def test_an_encoder_pair_is_priced_by_its_own_points_where_the_profile_measured_
         rates = tuple((p, tuple((k, dataclasses.replace(r, forward_points=single, backward_points=single))
                                 for k, r in table) + ((ENCODER_PAIR, Rate(1e13, 1e13, 1e-5, pair, pair)),) * with_pair)
                       for p, table in BUILTIN["H100"].rates)
-        profile = dataclasses.replace(BUILTIN["H100"], rates=rates, roofline=False, source="measured", gemms=False)
+        profile = dataclasses.replace(BUILTIN["H100"], rates=rates, roofline=False, provenance=Provenance("measured"), gemms=False)
         return stage_compute(Workload.of(job, profile), [0], Submesh((0,), 1, 1, "dp"), False, 1)[0]
 
     flops = 256 * counts.mixer_work("ATTENTION", 64, 4, 16).flops

@@ -127,7 +127,7 @@ def test_a_refit_that_makes_held_out_error_worse_is_rejected_and_the_previous_on
     versions = machine.versions()
     assert [(v.version, v.accepted) for v in versions] == [(1, True), (2, False)]
     assert versions[1].points == 8 and versions[1].previous_error < 1e-9 < versions[1].held_out_error
-    assert machine.current == first and machine.profile.calibration == 1
+    assert machine.current == first and machine.profile.calibration.version == 1
     assert learner(cache).current == first
 
 
@@ -161,7 +161,7 @@ def test_each_attempt_records_the_calibration_that_priced_it(tmp_path, cache):
     found = db_rows(tmp_path / "a.db")
     assert [recorded_calibration(r) for r in found] == [None] * 6 + [1] * 2
     profile = pricing.book.for_job(JOBS[0])
-    assert profile.calibration == 1 and profile_id(profile) != profile_id(BASE)
+    assert profile.calibration.version == 1 and profile_id(profile) != profile_id(BASE)
     assert {r["profile_id"] for r in found[6:]} == {profile_id(profile)}
     # priced after the refit, the jobs are closer to their measured 1.5x than the base profile prices
     for r in found[6:]:
@@ -228,7 +228,7 @@ def test_a_peak_above_its_prediction_raises_the_memory_bound_at_once(cache):
     (version,) = machine.versions()
     assert version.memory_only and version.accepted and version.memory_factor == pytest.approx(1.25 / 1.025)
     assert dict(version.factors) == dict.fromkeys(COMPONENTS, 1.0) and version.plan_factors == ()
-    assert machine.profile.memory_factor == pytest.approx(1.25 / 1.025) and machine.profile.calibration == 1
+    assert machine.profile.calibration.memory_factor == pytest.approx(1.25 / 1.025) and machine.profile.calibration.version == 1
 
 
 def test_codesign_profile_lists_the_machines_calibrations_without_measuring(tmp_path, monkeypatch, capsys):

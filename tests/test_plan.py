@@ -339,12 +339,13 @@ def test_reprice_prices_an_attempt_by_the_measured_profile_of_the_device_it_ran_
     import dataclasses
 
     from codesign.cost.model import predict
-    from codesign.hardware.profiles import BUILTIN, ProfileBook, profile_id
+    from codesign.hardware.profiles import BUILTIN, ProfileBook, Provenance, profile_id
 
     h100 = BUILTIN["H100"]
     slower = tuple((p, tuple((k, dataclasses.replace(r, forward=r.forward / 100, backward=r.backward / 100)) for k, r in t))
                    for p, t in h100.rates)
-    measured = dataclasses.replace(h100, kind="NVIDIA H100 80GB HBM3", rates=slower, source="measured", gemms=False)
+    measured = dataclasses.replace(h100, kind="NVIDIA H100 80GB HBM3", rates=slower,
+                                   provenance=Provenance("measured"), gemms=False)
     job = Job(ModelSpec(64, 16, 4, 2, (("ATTENTION", "DOT"),) * 2), ClusterSpec(1, 1, "NVLink", "gpu"),
               TrainingSpec(256, 2), ParallelSpec("one", (1,), 1, False, (1, 1, 1)), 1, "gpu")
     store = Store(tmp_path / "r.db")

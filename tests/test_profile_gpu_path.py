@@ -17,7 +17,7 @@ from codesign.hardware.collectives import over_link
 from codesign.hardware.device import Devices
 from codesign.cost.plan import make_plan
 from codesign.hardware.links import NVLINK, Link
-from codesign.hardware.profiles import BUILTIN, ENCODER_PAIR, LAYER, DeviceProfile, Rate, interpolated
+from codesign.hardware.profiles import BUILTIN, ENCODER_PAIR, LAYER, DeviceProfile, Provenance, Rate, interpolated
 from codesign.config.types import MIXERS, ClusterSpec, Job, ModelSpec, ParallelSpec, TrainingSpec
 from tests.conftest import run_on_devices
 
@@ -29,7 +29,8 @@ def measured_h100() -> DeviceProfile:
     """The built-in H100 with every rate carrying points."""
     rates = tuple((p, tuple((k, dataclasses.replace(r, forward_points=FORWARD, backward_points=BACKWARD))
                             for k, r in table)) for p, table in BUILTIN["H100"].rates)
-    return dataclasses.replace(BUILTIN["H100"], rates=rates, roofline=False, source="measured", gemms=False)
+    return dataclasses.replace(BUILTIN["H100"], rates=rates, roofline=False, provenance=Provenance("measured"),
+                               gemms=False)
 
 
 def call_time(*args) -> float:

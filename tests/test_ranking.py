@@ -78,7 +78,7 @@ def query(*flags: str) -> search.Search:
 @pytest.mark.parametrize("micro", [1, 2])
 def test_the_fast_pass_is_auto_searchs_answer_for_one_layer_group(cluster, cores, micro):
     book = ProfileBook()
-    book.add(dataclasses.replace(BUILTIN["cpu"], cores=cores))  # cores: op groups' fixed costs overlap
+    book.add(dataclasses.replace(BUILTIN["cpu"], shared=dataclasses.replace(BUILTIN["cpu"].shared, cores=cores)))  # cores: op groups' fixed costs overlap
     fast_pass_is_auto_search(cluster, micro, book)
 
 

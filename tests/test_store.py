@@ -344,11 +344,11 @@ def test_a_malformed_profile_row_is_reported_once_and_skipped_not_a_crash_of_eve
     import dataclasses
     import json
 
-    from codesign.hardware.profiles import BUILTIN, profile_id
+    from codesign.hardware.profiles import BUILTIN, Provenance, profile_id
     from codesign.run.profile_cache import profiles_for
     from tests.conftest import run_cli
 
-    trn = dataclasses.replace(BUILTIN["H100"], kind="Trn1", source="measured")
+    trn = dataclasses.replace(BUILTIN["H100"], kind="Trn1", provenance=Provenance("measured"))
     store = Store(tmp_path / "r.db")
     for pid, text in (("cpu@damaged", "{half"), ("cpu@fields", json.dumps({"kind": "cpu", "platform": "cpu"}))):
         store.keep_profile(pid, {"kind": "cpu", "platform": "cpu"})

@@ -72,8 +72,9 @@ def scaled(profile: DeviceProfile, factors: dict[str, float]) -> DeviceProfile:
     rates = tuple((p, tuple((k, _scaled_rate(r, f["flops"], f["fixed"])) for k, r in table))
                   for p, table in profile.rates)
     return dataclasses.replace(profile, rates=rates, bandwidth=profile.bandwidth / f["memory"],
-                               sync_traffic=profile.sync_traffic * f["sync"] / f["memory"],
-                               contention=profile.contention * f["contention"])
+                               shared=dataclasses.replace(
+                                   profile.shared, sync_traffic=profile.shared.sync_traffic * f["sync"] / f["memory"],
+                                   contention=profile.shared.contention * f["contention"]))
 
 
 def _scaled_rate(rate: Rate, flops: float, fixed: float) -> Rate:

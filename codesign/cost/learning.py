@@ -24,7 +24,7 @@ from codesign.config.types import Job
 from codesign.outcome import OOM
 from codesign.cost.calibration import COMPONENTS, FACTOR_BOUNDS, scaled
 from codesign.cost.model import Workload, estimate
-from codesign.hardware.profiles import DeviceProfile, profile_id
+from codesign.hardware.profiles import Calibrated, DeviceProfile, profile_id
 from codesign.cost.formulas import Estimate
 from codesign.cost.plan import Plan, stage_kind
 
@@ -111,8 +111,8 @@ def calibrated(base: DeviceProfile, calibration: Calibration | None) -> DevicePr
     memory factors set, its version named (so its profile id is its own)."""
     if calibration is None:
         return base
-    return dataclasses.replace(scaled(base, dict(calibration.factors)), plan_factors=calibration.plan_factors,
-                               memory_factor=calibration.memory_factor, calibration=calibration.version)
+    layer = Calibrated(calibration.plan_factors, calibration.memory_factor, calibration.version)
+    return dataclasses.replace(scaled(base, dict(calibration.factors)), calibration=layer)
 
 
 def due(points: Sequence[Point], last: int) -> bool:
@@ -219,7 +219,7 @@ def errs_less(found: np.ndarray, previous: np.ndarray, evidence: float = EVIDENC
 
 def with_factors(base: DeviceProfile, factors: dict[str, float], kinds: dict[str, float]) -> DeviceProfile:
     """The base profile with COMPONENTS factors and plan kinds' time factors, as a fit found them."""
-    return dataclasses.replace(scaled(base, factors), plan_factors=tuple(kinds.items()))
+    return dataclasses.replace(scaled(base, factors), calibration=Calibrated(tuple(kinds.items())))
 
 
 def raised(base: DeviceProfile, points: Sequence[Point], current: Calibration | None, version: int,

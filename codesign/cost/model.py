@@ -175,7 +175,7 @@ def gradient_sync(w: Workload, layers: Sequence[int], mesh: Submesh, zero: bool,
     all-reduce of all the gradients: XLA's combiner makes it a single tuple all-reduce). Under
     ZeRO-2 a GPU reduce-scatters; XLA:CPU all-reduces there too, then slices each array to the
     device's shard (read and written through the shared memory). XLA:CPU also copies (and
-    transposes) the gradients around its all-reduce: profile.sync_traffic of them through the
+    transposes) the gradients around its all-reduce: profile.shared.sync_traffic of them through the
     memory system every busy device shares."""
     nbytes = stage_params(w, layers, mesh.op) * PARAM_BYTES
     group = mesh.dp_group if mesh.batch_axis == "dp" else mesh.op_group
@@ -185,7 +185,7 @@ def gradient_sync(w: Workload, layers: Sequence[int], mesh: Submesh, zero: bool,
         return "dp reduce-scatter", w.collective("reduce-scatter", nbytes, group, calls)
     seconds = w.collective("all-reduce", nbytes, group, calls)
     if len(group) > 1:
-        seconds += w.hw.copies(w.profile.sync_traffic * nbytes, busy)
+        seconds += w.hw.copies(w.profile.shared.sync_traffic * nbytes, busy)
     if sharded:
         seconds += w.hw.copies(2 * nbytes / mesh.dp, busy)
     return f"{mesh.batch_axis} all-reduce", seconds
@@ -207,7 +207,7 @@ def stage_update(w: Workload, layers: Sequence[int], mesh: Submesh, zero: bool,
         gather = w.collective("all-gather", param_bytes, mesh.dp_group, calls)
     else:
         gather = (w.collective("all-reduce", param_bytes, mesh.dp_group, calls)
-                  + w.hw.copies(w.profile.sync_traffic * param_bytes, busy))
+                  + w.hw.copies(w.profile.shared.sync_traffic * param_bytes, busy))
     return w.hw.memory(ADAM_TRAFFIC * param_bytes / mesh.dp, share) + gather, gather
 
 
@@ -350,7 +350,8 @@ def stage_cost(w: Workload, stage: StagePlan, index: int, plan: Plan, busy: int,
     cost = (StageCost(fwd, bwd + accumulate, update + sync, communication, memory, compute.overheads, memory_bound)
             if once else
             StageCost(fwd, bwd + sync + accumulate, update, communication, memory, compute.overheads, memory_bound))
-    return cost.calibrated(w.profile.time_factor(stage_kind(pp, mesh.dp, mesh.op, micro)), w.profile.memory_factor)
+    layer = w.profile.calibration
+    return cost.calibrated(layer.time_factor(stage_kind(pp, mesh.dp, mesh.op, micro)), layer.memory_factor)
 
 
 def predict(job: Job, book: ProfileBook, links: Iterable[LinkSpec] = ()) -> dict[str, object]:

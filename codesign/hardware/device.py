@@ -141,7 +141,7 @@ class Devices:
         return 0.0
 
     def copies(self, nbytes: Any, busy: int) -> Any:
-        """The copies XLA makes around its collectives (profile.sync_traffic, 0 on a GPU)."""
+        """The copies XLA makes around its collectives (profile.shared.sync_traffic, 0 on a GPU)."""
         return self.memory(nbytes, self.memory_share(busy))
 
     def pipeline_floor(self, plan: Any, stages: Sequence[Any], busy: int, host: float = 0.0) -> float:

@@ -113,50 +113,35 @@ def interpolated(points: Points, flops: float, rate: float) -> float:
 
 
 @dataclass(frozen=True)
-class DeviceProfile:
-    kind: str
-    platform: str  # "gpu" | "cpu"
-    memory: int  # bytes per device
-    rates: tuple[tuple[str, tuple[tuple[str, Rate], ...]], ...]  # precision -> (mixer kind | LAYER -> Rate)
-    bandwidth: float  # memory bytes/s (Adam's update, activation traffic)
-    dispatch: float  # seconds the host spends per program call
+class SharedCoreFit:
+    """What devices sharing one machine's cores add, fitted to real steps on it; hardware.shared_cores
+    answers from these, devices of their own never read them."""
+
     speedup: tuple[tuple[int, float], ...] = ()  # n busy devices -> aggregate speed vs one; () = independent
-    link: Link | None = None  # between local devices (CPU); GPUs use the transport's links
-    update_scratch: float = 0.0  # gradient-sized scratch buffers of a compiled pp = 1 step, beyond the gradients
-    activation_share: float = 1.0  # of the residuals and backward working set the model counts, what
-    # a compiled step holds (GPU_ACTIVATION_SHARE on GPUs; the counts are XLA:CPU's)
     sync_traffic: float = 0.0  # gradient-sized arrays a gradient all-reduce also moves through memory
-    # (XLA:CPU copies and transposes them around its all-reduce); fitted to real steps
-    contention: float = 0.0  # a pipeline on shared cores: its work's excess over perfectly packed, per
-    # busy device beyond one (its stages' small programs wake threads beside the others'); fitted to real steps
-    combines_collectives: bool = True  # XLA merges ZeRO-2's parameter all-gathers (GPU); CPU: one per array
-    lockstep: float = 0.0  # shared cores: the extra share of a program's compute per op device beyond one, whose
+    # (XLA:CPU copies and transposes them around its all-reduce)
+    contention: float = 0.0  # a pipeline: its work's excess over perfectly packed, per busy device
+    # beyond one (its stages' small programs wake threads beside the others')
+    lockstep: float = 0.0  # the extra share of a program's compute per op device beyond one, whose
     # devices meet at op's collectives between its computations and so cannot fill each other's stalls
-    roofline: bool = True  # rates count FLOPs only, activation traffic is added at `bandwidth`;
-    # False: measured rates already include the traffic at the probed widths
-    cores: int = 0  # shared cores: how many the host has (an op group's fixed costs overlap on them); 0: unknown
-    power: PowerModel | None = None  # None: energy is not priced (a profile from before power models)
-    versions: tuple[tuple[str, str], ...] = ()
-    source: str = "built-in"
-    # What this machine's calibration learned from its measured attempts (cost.learning): a
-    # factor on each stage's seconds per plan kind (plan.stage_kind), one on its peak bytes (an
-    # upper bound), and the calibration's version (0: none)
+    cores: int = 0  # how many the host has (an op group's fixed costs overlap on them); 0: unknown
+
+
+@dataclass(frozen=True)
+class Provenance:
+    source: str = "built-in"  # "built-in" or "measured"
+    versions: tuple[tuple[str, str], ...] = ()  # the libraries a measured profile depends on
+
+
+@dataclass(frozen=True)
+class Calibrated:
+    """What this machine's calibration learned from its measured attempts (cost.learning), a layer
+    over the hardware's answers: a factor on each stage's seconds per plan kind (plan.stage_kind),
+    one on its peak bytes (an upper bound), and the calibration's version (0: none)."""
+
     plan_factors: tuple[tuple[str, float], ...] = ()
     memory_factor: float = 1.0
-    calibration: int = 0
-    gemms: bool = False  # mixers priced as the GEMMs they run (hardware.gemm), not at `rates`: a data-sheet GPU
-
-    def rate(self, precision: str, kind: str) -> Rate:
-        table = dict(self.rates)
-        rates = dict(table.get(precision) or table["fp32"])
-        return rates[kind] if kind in rates or kind != ENCODER_PAIR else rates["ATTENTION"]
-
-    def share(self, busy: int) -> float:
-        """Each of `busy` devices' speed relative to one device running alone."""
-        if not self.speedup or busy <= 1:
-            return 1.0
-        ns, speeds = zip(*self.speedup)
-        return float(np.interp(busy, ns, speeds)) / busy
+    version: int = 0
 
     def time_factor(self, kind: str) -> float:
         return dict(self.plan_factors).get(kind, 1.0)
@@ -166,6 +151,50 @@ class DeviceProfile:
         """No plan kind is priced below its uncalibrated seconds times this (for lower bounds)."""
         return min((1.0, *(f for _, f in self.plan_factors)))
 
+
+@dataclass(frozen=True)
+class DeviceProfile:
+    """A device kind as the cost model prices it: its hardware (memory, rates, bandwidth, dispatch,
+    link), what sharing cores adds (`shared`), its power model, where the figures come from
+    (`provenance`) and what a calibration learned (`calibration`). Stored flat (to_dict), as before
+    the concerns were separated, so that stored profiles keep their ids."""
+
+    kind: str
+    platform: str  # "gpu" | "cpu"
+    memory: int  # bytes per device
+    rates: tuple[tuple[str, tuple[tuple[str, Rate], ...]], ...]  # precision -> (mixer kind | LAYER -> Rate)
+    bandwidth: float  # memory bytes/s (Adam's update, activation traffic)
+    dispatch: float  # seconds the host spends per program call
+    link: Link | None = None  # between local devices (CPU); GPUs use the transport's links
+    update_scratch: float = 0.0  # gradient-sized scratch buffers of a compiled pp = 1 step, beyond the gradients
+    activation_share: float = 1.0  # of the residuals and backward working set the model counts, what
+    # a compiled step holds (GPU_ACTIVATION_SHARE on GPUs; the counts are XLA:CPU's)
+    combines_collectives: bool = True  # XLA merges ZeRO-2's parameter all-gathers (GPU); CPU: one per array
+    roofline: bool = True  # rates count FLOPs only, activation traffic is added at `bandwidth`;
+    # False: measured rates already include the traffic at the probed widths
+    gemms: bool = False  # mixers priced as the GEMMs they run (hardware.gemm), not at `rates`: a data-sheet GPU
+    shared: SharedCoreFit = SharedCoreFit()
+    power: PowerModel | None = None  # None: energy is not priced (a profile from before power models)
+    provenance: Provenance = Provenance()
+    calibration: Calibrated = Calibrated()
+
+    def rate(self, precision: str, kind: str) -> Rate:
+        table = dict(self.rates)
+        rates = dict(table.get(precision) or table["fp32"])
+        return rates[kind] if kind in rates or kind != ENCODER_PAIR else rates["ATTENTION"]
+
+    def share(self, busy: int) -> float:
+        """Each of `busy` devices' speed relative to one device running alone."""
+        speedup = self.shared.speedup
+        if not speedup or busy <= 1:
+            return 1.0
+        ns, speeds = zip(*speedup)
+        return float(np.interp(busy, ns, speeds)) / busy
+
+    @property
+    def source(self) -> str:
+        return self.provenance.source
+
     @property
     def shares_cores(self) -> bool:
         """Virtual CPU devices: they, and the host launching their programs, share one machine.
@@ -174,11 +203,14 @@ class DeviceProfile:
 
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
+        for part in ("shared", "provenance", "calibration"):
+            data.update(data.pop(part))
+        data["calibration"] = data.pop("version")
         data["rates"] = {p: {k: r.to_dict() for k, r in table} for p, table in self.rates}
-        data["speedup"] = [list(s) for s in self.speedup]
-        data["versions"] = dict(self.versions)
+        data["speedup"] = [list(s) for s in self.shared.speedup]
+        data["versions"] = dict(self.provenance.versions)
         data["power"] = self.power.to_dict() if self.power else None
-        data["plan_factors"] = dict(self.plan_factors)
+        data["plan_factors"] = dict(self.calibration.plan_factors)
         for name, unset in (("activation_share", 1.0), ("cores", 0), ("power", None), ("plan_factors", {}),
                             ("memory_factor", 1.0), ("calibration", 0), ("gemms", False)):  # profiles from before them keep their ids
             if data[name] == unset:
@@ -189,22 +221,23 @@ class DeviceProfile:
     def from_dict(cls, data: Mapping[str, Any]) -> DeviceProfile:
         rates = tuple((p, tuple((k, Rate.from_dict(r)) for k, r in table.items()))
                       for p, table in data["rates"].items())
+        shared = SharedCoreFit(speedup=tuple((int(n), float(s)) for n, s in data.get("speedup", ())),
+                               sync_traffic=float(data.get("sync_traffic", 0.0)),
+                               contention=float(data.get("contention", 0.0)),
+                               lockstep=float(data.get("lockstep", 0.0)), cores=int(data.get("cores", 0)))
+        calibration = Calibrated(tuple(sorted((k, float(f)) for k, f in data.get("plan_factors", {}).items())),
+                                 float(data.get("memory_factor", 1.0)), int(data.get("calibration", 0)))
         return cls(kind=data["kind"], platform=data["platform"], memory=int(data["memory"]), rates=rates,
                    bandwidth=float(data["bandwidth"]), dispatch=float(data["dispatch"]),
-                   speedup=tuple((int(n), float(s)) for n, s in data.get("speedup", ())),
                    link=Link(**data["link"]) if data.get("link") else None,
                    update_scratch=float(data.get("update_scratch", 0.0)),
                    activation_share=float(data.get("activation_share", 1.0)),
-                   sync_traffic=float(data.get("sync_traffic", 0.0)),
-                   contention=float(data.get("contention", 0.0)),
                    combines_collectives=bool(data.get("combines_collectives", True)),
-                   lockstep=float(data.get("lockstep", 0.0)),
-                   roofline=bool(data.get("roofline", True)), cores=int(data.get("cores", 0)),
+                   roofline=bool(data.get("roofline", True)), gemms=bool(data.get("gemms", False)), shared=shared,
                    power=PowerModel.from_dict(data["power"]) if data.get("power") else None,
-                   versions=tuple(sorted(data.get("versions", {}).items())), source=data.get("source", "measured"),
-                   plan_factors=tuple(sorted((k, float(f)) for k, f in data.get("plan_factors", {}).items())),
-                   memory_factor=float(data.get("memory_factor", 1.0)), calibration=int(data.get("calibration", 0)),
-                   gemms=bool(data.get("gemms", False)))
+                   provenance=Provenance(data.get("source", "measured"),
+                                         tuple(sorted(data.get("versions", {}).items()))),
+                   calibration=calibration)
 
 
 def _uniform(matmul: float, overhead: float, elementwise: float) -> tuple[tuple[str, Rate], ...]:
@@ -291,10 +324,11 @@ BUILTIN: dict[str, DeviceProfile] = {
                                           # 6.7 against 2.7 us per sample between batch 8 and 128)
                                           ("CONVOLUTION", Rate(6.7e10, 2.6e10, 8.3e-5)),
                                           (LAYER, Rate(4.9e10, 3.4e10, 9.4e-6)))),),
-                         bandwidth=2.1e10, dispatch=9.7e-5,
-                         speedup=((1, 1.0), (2, 1.11), (4, 1.37), (8, 1.52)), link=Link(3.1e9, 9.4e-6),
-                         sync_traffic=2.4, contention=0.044, combines_collectives=False, roofline=False,
-                         lockstep=0.14, power=CPU_POWER),
+                         bandwidth=2.1e10, dispatch=9.7e-5, link=Link(3.1e9, 9.4e-6),
+                         combines_collectives=False, roofline=False,
+                         shared=SharedCoreFit(speedup=((1, 1.0), (2, 1.11), (4, 1.37), (8, 1.52)), sync_traffic=2.4,
+                                              contention=0.044, lockstep=0.14),
+                         power=CPU_POWER),
 }
 
 

@@ -25,8 +25,8 @@ class SharedCores(Devices):
         cores where the devices meet at op's collectives, not where they run independently as
         the speed-up probe's do; elsewhere they run at the devices' share."""
         p, share = self.profile, self.profile.share(busy)
-        if op > 1 and p.cores:
-            return max(share, min(1.0, p.cores / busy))
+        if op > 1 and p.shared.cores:
+            return max(share, min(1.0, p.shared.cores / busy))
         return share
 
     def memory_share(self, busy: int) -> float:
@@ -43,7 +43,7 @@ class SharedCores(Devices):
         between its computations: each op group waits at every one for its slowest device, so
         the devices cannot fill each other's stalls as independent ones do (dp 2 x op 2 against
         dp 4, and dp 4 x op 2, dp 2 x op 4 against dp 8, on virtual CPU devices)."""
-        return 1.0 + self.profile.lockstep * (op - 1)
+        return 1.0 + self.profile.shared.lockstep * (op - 1)
 
     def remat_fixed(self, fixed: Any) -> Any:
         """The recomputation runs inside the backward's own program: its fixed costs are not paid again."""
@@ -59,7 +59,7 @@ class SharedCores(Devices):
         the `host` seconds of its launches, which run on the same cores. Its stages' many small
         programs, each waking its devices' threads while the others' run, do not pack perfectly:
         the work takes 1 + contention x (busy - 1) times its packed seconds."""
-        return packed_bound(plan, stages, busy, host, self.profile.contention)
+        return packed_bound(plan, stages, busy, host, self.profile.shared.contention)
 
     def host_energy(self, stages: Sequence[Any], seconds: Any) -> Any:
         """Joules of an iteration: the host draws its idle watts throughout and its busy watts (by

@@ -187,7 +187,7 @@ def fast_pass(pricer: Pricer, block: search.Block, index: np.ndarray, base: Mode
     flops = sum(p.work.flops[r] for p, r in zip(prices, rows))
     micro, n = pricer.job.num_micro_batches, pricer.n
     solo = [p.solo[r] for p, r in zip(prices, rows)]  # [candidate, 2] per layer
-    bound = pricer.profile.least_time_factor * np.maximum(
+    bound = pricer.profile.calibration.least_time_factor * np.maximum(
         3 * flops * pricer.job.global_batch / (n * _peak(pricer)),
         micro * sum(s.sum(axis=1) for s in solo) / n)
     terms = (_layer_terms(pricer, prices, rows, solo, _proxy(base, block.layers)) if pricer.pipelines

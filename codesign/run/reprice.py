@@ -23,7 +23,7 @@ def with_provenance(found: dict[str, Any], profile: DeviceProfile, links: Iterab
     """A prediction as an attempt records it: which profile, links, calibration (its version,
     None uncalibrated) and cost model made it (a simulated attempt is re-priced when they change)."""
     return {**found, "prediction": {**found["prediction"], "links": [dataclasses.asdict(link) for link in links],
-                                    "calibration": profile.calibration or None},
+                                    "calibration": profile.calibration.version or None},
             "profile_id": profile_id(profile), "cost_model": COST_MODEL_VERSION}
 
 

@@ -26,7 +26,7 @@ from codesign.engine.probe.parts import Parts
 from codesign.engine.probe.probe_steps import ChildProbes, LocalProbes, probe_step_times
 from codesign.cost.calibration import CONTENTION, PROBE_WIDTHS, fitted_factors, probe_jobs, scaled
 from codesign.hardware.links import Link
-from codesign.hardware.profiles import LAYER, DeviceProfile, Rate, library_versions
+from codesign.hardware.profiles import LAYER, DeviceProfile, Provenance, Rate, SharedCoreFit, library_versions
 
 log = logging.getLogger("codesign.profile")
 PREPARE_THREADS = 2  # this process's programs compiled two at a time (XLA compiles outside the GIL): it
@@ -65,7 +65,7 @@ def cpu_profile(parts: Parts, repeats: int = 5) -> DeviceProfile:
     log.info("  fitted factors: %s", ", ".join(f"{k} x {v:.2f}" for k, v in factors.items()))
     profile = scaled(probed, factors)
     log.info("  calibrated on real steps: memory %.3g B/s, link %s, %.2f gradient copies per all-reduce",
-             profile.bandwidth, profile.link, profile.sync_traffic)
+             profile.bandwidth, profile.link, profile.shared.sync_traffic)
     return profile
 
 
@@ -94,10 +94,11 @@ def probed_cpu(parts: Parts, benches: dict[str, Callable[[], Any]]) -> DevicePro
     found = parts.get("link", lambda: vars(benches["link"]()) if "link" in benches else None)
     return DeviceProfile(kind="cpu", platform="cpu", memory=device_memory(jax.devices()[0]),
                          rates=(("fp32", tuple(table)),), bandwidth=memory, dispatch=dispatch,
-                         speedup=tuple(map(tuple, points)), link=Link(**found) if found else None,
-                         update_scratch=parts.data["scratch"], combines_collectives=False, sync_traffic=1.0,
-                         contention=CONTENTION, roofline=False, cores=host_cores(),
-                         versions=tuple(sorted(library_versions().items())), source="measured")
+                         link=Link(**found) if found else None, update_scratch=parts.data["scratch"],
+                         combines_collectives=False, roofline=False,
+                         shared=SharedCoreFit(speedup=tuple(map(tuple, points)), sync_traffic=1.0, contention=CONTENTION,
+                                              cores=host_cores()),
+                         provenance=Provenance("measured", tuple(sorted(library_versions().items()))))
 
 
 def host_cores() -> int:

@@ -30,13 +30,14 @@ from codesign.engine.probe.parts import Parts
 from codesign.engine.probe.power import WindowHook, idle_windows, measured_power, metered, open_meter
 from codesign.engine.programs import DTYPES
 from codesign.hardware.collectives import bus_factor, link_terms
+from codesign.hardware.links import Link
 from codesign.hardware.profiles import (
     ENCODER_PAIR,
     GPU_ACTIVATION_SHARE,
     LAYER,
     DeviceProfile,
-    Link,
     Points,
+    Provenance,
     Rate,
     library_versions,
 )
@@ -293,4 +294,4 @@ def loop_profile(parts: Parts, sizes: LoopSizes) -> DeviceProfile:
                          link=link, update_scratch=parts.get("scratch", lambda: scratch_fraction(
                              programs["scratch", "step"], sizes.widths[0])),
                          roofline=False, power=measured_power(device.device_kind, windows, meter),
-                         versions=tuple(sorted(library_versions().items())), source="measured")
+                         provenance=Provenance("measured", tuple(sorted(library_versions().items()))))
