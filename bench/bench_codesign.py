@@ -31,6 +31,7 @@ FIXTURE = REPO.parent / "shared" / "fixtures" / "user-configs" / "config.toml"
 # (what is ranked, its goal in seconds): each runs in its own process, for its own peak memory
 RANKINGS = {"plan_sim": ("bench/plan_sim.toml", 60), "groups": ("bench/codesign_groups.toml", 60),
             "fixtures": ("the fixture config's Auto specs on bench/codesign_groups.toml's clusters", 180)}
+PRECISIONS = ("fp32", "bf16")  # users train in both: each ranking is timed in each
 CPU_CONFIG = """
 [training_spec]
 avg_batch_size_per_device = 64
@@ -59,25 +60,26 @@ CPU_SPACE = ["--base-features", "32", "--base-emb-dim", "16", "--base-output-per
              "--max-layers", "1", "--param-tolerance", "1", "--base-tokens", "DOT,LINEAR,ATTENTION,LINEAR"]
 
 
-def ranked_config(name: str, fixture: Path):
-    """The config a RANKINGS entry ranks."""
+def ranked_config(name: str, fixture: Path, precision: str):
+    """The config a RANKINGS entry ranks, in a precision."""
     from codesign.config.loader import load_config
 
     if name != "fixtures":
-        return load_config(REPO / RANKINGS[name][0])
-    groups = load_config(REPO / "bench" / "codesign_groups.toml")
-    autos = tuple(p for p in load_config(fixture).parallels if p.is_auto)
-    return dataclasses.replace(groups, parallels=autos)
+        config = load_config(REPO / RANKINGS[name][0])
+    else:
+        groups = load_config(REPO / "bench" / "codesign_groups.toml")
+        config = dataclasses.replace(groups, parallels=tuple(p for p in load_config(fixture).parallels if p.is_auto))
+    return dataclasses.replace(config, training=dataclasses.replace(config.training, precision=precision))
 
 
-def time_ranking(name: str, fixture: Path) -> None:
+def time_ranking(name: str, fixture: Path, precision: str) -> None:
     """Rank the default space on one RANKINGS config, in process, one target at a time."""
     from codesign.cli import build_search_parser
     from codesign.planner import ranking
     from codesign.hardware.profiles import ProfileBook
     from codesign.zhen import search
 
-    config = ranked_config(name, fixture)
+    config = ranked_config(name, fixture, precision)
     where, goal = RANKINGS[name]
     query = search.search_from_args(build_search_parser().parse_args([]))
     start = time.perf_counter()
@@ -96,15 +98,16 @@ def time_ranking(name: str, fixture: Path) -> None:
               f"{found.model(best).summary()} at {ranked.global_batch / ranked.seconds[best]:,.0f} samples/s "
               f"({ranked.plans[best]})", flush=True)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
-    print(f"ranking time, {len(found):,} candidates on {len(targets)} targets of {where}: {total:.1f} s "
+    print(f"ranking time, {precision}, {len(found):,} candidates on {len(targets)} targets of {where}: {total:.1f} s "
           f"(goal: at most {goal} s); peak memory {peak:.2f} GiB (goal: under 4 GB)", flush=True)
 
 
 def time_all(fixture: Path) -> None:
-    """Each RANKINGS entry in a process of its own."""
+    """Each RANKINGS entry in a process of its own, in fp32 and in bf16."""
     for name in RANKINGS:
-        subprocess.run([sys.executable, __file__, "--ranking", name, "--fixture", str(fixture)], check=False,
-                       env={**os.environ, "PYTHONPATH": str(REPO)})
+        for precision in PRECISIONS:
+            subprocess.run([sys.executable, __file__, "--ranking", name, "--fixture", str(fixture), "--precision",
+                            precision], check=False, env={**os.environ, "PYTHONPATH": str(REPO)})
 
 
 def cpu_runs(keep: Path | None) -> None:
@@ -136,9 +139,10 @@ def main() -> None:
     parser.add_argument("--keep", type=Path, help="Folder for the CPU part's config, DB and CSV (default: a temp one).")
     parser.add_argument("--ranking", choices=tuple(RANKINGS), help="Time this ranking alone, in this process.")
     parser.add_argument("--fixture", type=Path, default=FIXTURE, help="The users' config whose Auto specs are ranked.")
+    parser.add_argument("--precision", choices=PRECISIONS, default="fp32", help="With --ranking: the training precision.")
     args = parser.parse_args()
     if args.ranking:
-        time_ranking(args.ranking, args.fixture)
+        time_ranking(args.ranking, args.fixture, args.precision)
         return
     if args.part in ("time", "both"):
         time_all(args.fixture)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -226,7 +227,8 @@ TERMS = ("fixed_forward", "work_forward", "split_forward", "fixed_backward", "wo
 CARRY = TERMS.index("carry")  # bytes a stage ending at the layer hands on per micro-batch: not summed
 
 
-EXACT_MESHES = 2  # pipelines of at most this many stages are bounded for each combination of their meshes
+EXACT_MESHES = 2  # pipelines of at most this many stages get every candidate's exact figure
+MAX_COMBOS = 256  # mesh combinations of one deeper pipeline shape and setting simulated each
 
 
 @dataclass(frozen=True)
@@ -273,29 +275,74 @@ def _pipelines(pricer: Pricer, terms: np.ndarray, threshold: float) -> np.ndarra
             edges = (0, *cuts, layers)
             for devices in placed:
                 priced = [floor(a, b, tuple(d)) for a, b, d in zip(edges, edges[1:], devices)]
-                hops = [_hop(pricer, terms[:, cut - 1, CARRY], src, dst)
-                        for cut, src, dst in zip(cuts, devices, devices[1:])]
+                carries = [terms[:, cut - 1, CARRY] for cut in cuts]
                 settings = set.intersection(*(set(p) for p in priced))
-                shapes.append((devices, [{k: p[k] for k in settings} for p in priced], hops))
+                shapes.append((devices, [{k: p[k] for k in settings} for p in priced], carries))
                 for setting in settings:
                     steps = [functools.reduce(np.minimum, (f.step for f in p[setting])) for p in priced]
                     slowest = np.minimum(slowest, functools.reduce(np.maximum, steps))
     close = np.flatnonzero(slowest < threshold)
     if close.size:
-        slowest[close] = np.maximum(slowest[close], _simulations(pricer, shapes, close))
+        slowest[close] = np.maximum(slowest[close], _simulations(pricer, shapes, close, threshold))
     return slowest
 
 
-def _simulations(pricer: Pricer, shapes: list, close: np.ndarray) -> np.ndarray:
-    """The least simulated end, over the pipelines' `shapes`, of the `close` candidates."""
+def _simulations(pricer: Pricer, shapes: list, close: np.ndarray, threshold: float = np.inf) -> np.ndarray:
+    """The least simulated end, over the pipelines' `shapes`, of the `close` candidates. Per shape
+    and setting, first each stage at the least figures of its meshes, transfers from all its
+    devices (loose, cheap); where that is under both `threshold` and the least so far (or the
+    pipeline has at most EXACT_MESHES stages), each combination of its stages' meshes (those no
+    other mesh of the stage beats on every figure and batch shards), each transfer from its source
+    mesh's batch shards (exact, up to MAX_COMBOS combinations)."""
     least = np.full(len(close), np.inf)
-    for devices, priced, hops in shapes:
+    w = pricer.workload(pricer.job.model, ())
+    for devices, priced, carries in shapes:
+        carried = [c[close] for c in carries]
+        cuts = list(zip(devices, devices[1:]))
         for setting in priced[0]:
-            per_mesh = [[_of(f, close) for f in p[setting]] for p in priced]  # each stage's mesh its own
-            combos = itertools.product(*per_mesh) if len(devices) <= EXACT_MESHES else [[_least(m) for m in per_mesh]]
-            for stages in combos:
-                least = np.minimum(least, _simulated(pricer, devices, setting, list(stages), [h[close] for h in hops]))
+            per_mesh = [[_of(f, close) for f in p[setting]] for p in priced]
+            hops = [_hop(w, c, src, dst, len(src)) for c, (src, dst) in zip(carried, cuts)]
+            loose = _simulated(pricer, devices, setting, [_least(m) for m in per_mesh], hops)
+            shallow = len(devices) <= EXACT_MESHES
+            open_ = np.flatnonzero(loose < (np.inf if shallow else np.minimum(least, threshold)))
+            before = least[open_]
+            least = np.minimum(least, loose)
+            if not open_.size or all(len(m) == 1 for m in per_mesh):
+                continue
+            axis = setting[0]
+            options = []  # per stage: (its floor over the open candidates, its batch shards) per mesh
+            for m, d in zip(per_mesh, devices):
+                shards = [dp if axis == "dp" else op for dp, op in meshes(pricer.job, len(d), axis)]
+                options.append(_undominated([(_of(f, open_), k) for f, k in zip(m, shards)]))
+            if not shallow and math.prod(len(o) for o in options) > MAX_COMBOS:
+                continue  # the loose figure stands
+            exact = np.full(len(open_), np.inf)
+            cap = np.inf if shallow else np.minimum(before, threshold)
+            sub = [c[open_] for c in carried]
+            for stages in itertools.product(*options):
+                slowest = np.max([f.step for f, _ in stages], axis=0)
+                if np.all(slowest >= cap):  # no lower than its slowest stage: not simulated
+                    exact = np.minimum(exact, slowest)
+                    continue
+                hops = [_hop(w, c, src, dst, k) for c, (_, k), (src, dst) in zip(sub, stages, cuts)]
+                exact = np.minimum(exact, _simulated(pricer, devices, setting, [f for f, _ in stages], hops))
+            least[open_] = np.minimum(before, np.maximum(loose[open_], exact))
     return least
+
+
+def _undominated(floors: list[tuple[Floor, int]]) -> list[tuple[Floor, int]]:
+    """The (floor, batch shards) that no other is at least as good as on every figure, for every
+    candidate, with at least as many batch shards (of equals, the first is kept)."""
+    kept = []
+    for i, (f, k) in enumerate(floors):
+        def beats(g: Floor, k2: int, j: int) -> bool:
+            no_worse = k2 >= k and all(np.all(a <= b) for a, b in zip(_fields(g), _fields(f)))
+            same = k2 == k and all(np.array_equal(a, b) for a, b in zip(_fields(g), _fields(f)))
+            return no_worse and (j < i or not same)
+
+        if not any(j != i and beats(g, k2, j) for j, (g, k2) in enumerate(floors)):
+            kept.append((f, k))
+    return kept
 
 
 def _of(floor: Floor, chosen: np.ndarray) -> Floor:
@@ -324,11 +371,10 @@ def _simulated(pricer: Pricer, devices: list[tuple[int, ...]], setting: tuple[st
     return np.maximum(functools.reduce(np.minimum, ends), np.max([s.step for s in stages], axis=0))
 
 
-def _hop(pricer: Pricer, carry: np.ndarray, src: Sequence[int], dst: Sequence[int]) -> np.ndarray:
-    """At least the seconds to send one micro-batch's carry from stage to stage (or a cotangent
-    back), as timeline.transfer_time: the source's batch shards at most its devices."""
-    w = pricer.workload(pricer.job.model, ())
-    return w.transfer(carry / len(src), src, dst)
+def _hop(w: Workload, carry: np.ndarray, src: Sequence[int], dst: Sequence[int], shards: int) -> np.ndarray:
+    """The seconds to send one micro-batch's carry from stage to stage (or a cotangent back), as
+    timeline.transfer_time: each source device its batch shard (at least carry / its devices)."""
+    return w.transfer(carry / shards, src, dst)
 
 
 def stage_floors(pricer: Pricer, sums: np.ndarray, devices: tuple[int, ...]) -> dict[tuple[str, bool], list[Floor]]:
