@@ -10,6 +10,7 @@ The cost model composes plans from these answers; it reads no coefficient of the
 from __future__ import annotations
 
 from dataclasses import dataclass
+import functools
 from typing import Any, Sequence
 
 import numpy as np
@@ -69,25 +70,13 @@ class Devices:
                           rate.backward_points, fixed_at), fixed)
 
     def gemms(self, precision: str, work: Any, gemms: Sequence[Any], samples: float, split: int) -> tuple[float, float]:
-        """(forward, backward) seconds of one call's matmuls on one device: each GEMM of its shapes
-        (op splitting n or k of the sharded ones), the backward's input and weight gradients (the
-        first layer's input-facing ones skipped), and the FLOPs outside matmuls (a convolution's
-        taps) at the device's elementwise rate."""
-        shapes, roles = [], []
-        for g in gemms:
-            m = samples * g.rows
-            n, k = (g.n / split, g.k) if g.split == "n" else (g.n, g.k / split) if g.split == "k" else (g.n, g.k)
-            shapes += [(m, n, k), (k, n, m)]  # forward, the weights' gradient
-            roles += [0, 1]
-            if not (work.skipped_backward and g.input_facing):
-                shapes.append((m, k, n))  # the input's gradient
-                roles.append(1)
-        seconds = gemm_times(self.profile.kind, precision, tuple(shapes)) if shapes else ()
-        forward = sum(s for s, role in zip(seconds, roles) if role == 0)
-        backward = sum(s for s, role in zip(seconds, roles) if role == 1)
-        other = samples * (work.flops - sum(g.flops for g in gemms))
+        """(forward, backward) seconds of one call's matmuls on one device (matmul_seconds), and the
+        FLOPs outside matmuls (a convolution's taps) at the device's elementwise rate."""
+        forward, backward, flops, facing = matmul_seconds(self.profile.kind, precision, tuple(gemms), samples, split,
+                                                          bool(work.skipped_backward))
+        other = samples * (work.flops - flops)
         if other > 0:
-            skipped = work.skipped_backward - sum(g.flops for g in gemms if g.input_facing) if work.skipped_backward else 0
+            skipped = work.skipped_backward - facing if work.skipped_backward else 0
             rate = self.profile.rate(precision, LAYER)
             forward += other / rate.forward
             backward += (2 * other - samples * max(skipped, 0)) / rate.backward
@@ -97,7 +86,7 @@ class Devices:
         """The memory traffic of a call's activations, where its rates do not already include it."""
         return self.memory(nbytes, share) if self.profile.roofline else 0.0
 
-    @property
+    @functools.cached_property
     def prices_gemms(self) -> bool:
         """Whether mixer calls are priced as the GEMMs they run (a data-sheet GPU), not at rates."""
         return self.profile.gemms and data_sheet(self.profile.kind) is not None
@@ -196,3 +185,25 @@ class Devices:
             return self.intra.latency + nbytes / self.intra.bandwidth
         share = max(self.nics, senders) if self.nics else senders
         return self.inter.latency + nbytes * share / self.inter.bandwidth
+
+
+@functools.lru_cache(maxsize=2**16)
+def matmul_seconds(kind: str, precision: str, gemms: tuple, samples: float, split: int,
+                   first: bool) -> tuple[float, float, int, int]:
+    """(forward, backward, FLOPs per sample, of them the input-facing ones') of one call's GEMMs
+    (zhen.counts.Gemm) on `samples` samples: op splitting n or k of the sharded ones, the
+    backward's input and weight gradients, the input-facing ones' input gradient skipped in the
+    `first` layer. A search prices the same calls many times."""
+    shapes, roles = [], []
+    for g in gemms:
+        m = samples * g.rows
+        n, k = (g.n / split, g.k) if g.split == "n" else (g.n, g.k / split) if g.split == "k" else (g.n, g.k)
+        shapes += [(m, n, k), (k, n, m)]  # forward, the weights' gradient
+        roles += [0, 1]
+        if not (first and g.input_facing):
+            shapes.append((m, k, n))  # the input's gradient
+            roles.append(1)
+    seconds = gemm_times(kind, precision, tuple(shapes)) if shapes else ()
+    forward = sum(s for s, role in zip(seconds, roles) if role == 0)
+    backward = sum(s for s, role in zip(seconds, roles) if role == 1)
+    return forward, backward, sum(g.flops for g in gemms), sum(g.flops for g in gemms if g.input_facing)

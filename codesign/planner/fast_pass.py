@@ -61,6 +61,8 @@ class LayerPrices:
     launch: np.ndarray  # [row, 2]: of those, the fixed costs per call, which every device of a stage pays
     split: np.ndarray  # [row, 2]: of those, what op splits (priced on op 2: the compute is linear in 1 / op)
     sharded: np.ndarray  # [row, 2]: its op-sharded mixers (whose collectives op adds), their sharded params
+    by_shards: np.ndarray  # [row, shards, 4]: at each of Pricer.shards, a device's work with its batch shard
+    # (forward, backward) and what op splits of it, as solo and split (GEMMs are faster on more rows)
 
 
 class Pricer:
@@ -85,6 +87,10 @@ class Pricer:
         # pipeline_bound holds for devices of their own: on shared cores a stage runs at its own
         # devices' speed, faster than the one-device work it spreads
         self.pipelines = self.degrees > 1 and not self.hw.shares_cores
+        # the batch shards of a pipeline stage's meshes (it has fewer devices than the cluster):
+        # pipeline_bound prices each stage's work at its own
+        self.shards = sorted({dp if axis == "dp" else op for axis in MESH_AXES for d in range(1, self.n)
+                              for dp, op in meshes(job, d, axis)}) if self.pipelines else []
 
     def workload(self, model: ModelSpec, layers: tuple, own: tuple = (), mixers: tuple = (), gemms: tuple = (),
                  own_gemms: tuple = ()) -> Workload:
@@ -98,12 +104,13 @@ class Pricer:
         if key not in self.positions:
             rows = search.multisets(block.layers[i], len(block.kinds))
             priced = [self.layer(search.layer_tokens(block.kinds, r), block, i, base) for r in rows]
-            computes, works, solo, launch, split, sharded = zip(*priced)
+            computes, works, solo, launch, split, sharded, by_shards = zip(*priced)
             fields = np.array([[c.astuple() for c in row] for row in computes])  # [row, mesh, field]
             self.positions[key] = LayerPrices(Compute(*np.moveaxis(fields, 2, 0)),
                                               counts.Work(*np.array([w.astuple() for w in works]).T),
                                               np.array(solo), np.array(launch), np.array(split),
-                                              np.array(sharded, dtype=float))
+                                              np.array(sharded, dtype=float),
+                                              np.array(by_shards, dtype=float).reshape(len(rows), len(self.shards), 4))
         return self.positions[key]
 
     def layer(self, tokens: tuple[str, ...], block: search.Block, i: int, base: ModelSpec) -> tuple:
@@ -112,12 +119,27 @@ class Pricer:
         own, mixers, gemms, own_gemms = _layer_work(proxy, i, self.training.fold_dot)
         work = sum((w for _, w in mixers), own)
         w = self.workload(proxy, (work,), (own,), (mixers,), (gemms,), (own_gemms,))
-        alone, halved = (layer_compute(w, 0, Submesh(tuple(range(op)), 1, op), self.n) for op in (1, 2))
+        alone, halved = self.split(w, 1)
         sharded = [m.sharded_params for _, m in mixers if m.sharded_flops]  # as layer_compute asks op_collective
         return ([layer_compute(w, 0, mesh, self.n) for mesh in self.meshes], work,
                 finish(self.hw, 1, False, alone)[:2], (alone.fixed, alone.overheads - alone.fixed),
-                (2 * (alone.forward - halved.forward), 2 * (alone.backward - halved.backward)),
-                (len(sharded), sum(sharded)))
+                _halves(alone, halved), (len(sharded), sum(sharded)),
+                [x for s in self.shards for x in _by_shard(*self.split(w, s))])
+
+    def split(self, w: Workload, shards: int) -> tuple[Compute, Compute]:
+        """A one-layer workload on one device of `shards` batch shards, alone and with op = 2."""
+        return tuple(layer_compute(w, 0, Submesh(tuple(range(shards * op)), shards, op), self.n) for op in (1, 2))
+
+
+def _halves(alone: Compute, halved: Compute) -> tuple:
+    """What op splits of a call's work, (forward, backward): twice what op = 2 saves."""
+    return 2 * (alone.forward - halved.forward), 2 * (alone.backward - halved.backward)
+
+
+def _by_shard(alone: Compute, halved: Compute) -> tuple:
+    """LayerPrices.by_shards' four figures of one batch shard count."""
+    split = _halves(alone, halved)
+    return alone.forward, split[0], alone.backward, split[1]
 
 
 def _proxy(base: ModelSpec, layers: Sequence[int], i: int = -1, tokens: tuple[str, ...] = ()) -> ModelSpec:
@@ -215,10 +237,16 @@ def _layer_terms(pricer: Pricer, prices: list[LayerPrices], rows: list[np.ndarra
         fixed = price.launch[r] if launched else np.zeros((len(r), 2))
         split = price.split[r] if launched else work  # measured points: no line to split, all of it at best
         carry = np.full(len(r), float(w.micro_batch * w.activation_bytes * counts.carry_width(model, i)))
-        terms.append(np.stack([fixed[:, 0], work[:, 0] - fixed[:, 0], split[:, 0], fixed[:, 1],
-                               work[:, 1] - fixed[:, 1], split[:, 1], price.work.params[r],
-                               price.work.sharded_params[r], price.work.tensors[r], *price.sharded[r].T, carry],
-                              axis=1))
+        shard = price.by_shards[r]  # [row, shards, (forward, its split, backward, its split)]
+        if not launched:
+            shard = shard.copy()
+            shard[:, :, 1], shard[:, :, 3] = shard[:, :, 0], shard[:, :, 2]
+        shard = shard - np.array([1, 0, 1, 0]) * np.stack([fixed[:, 0], fixed[:, 0], fixed[:, 1], fixed[:, 1]], 1)[:, None]
+        terms.append(np.concatenate([np.stack([fixed[:, 0], work[:, 0] - fixed[:, 0], split[:, 0], fixed[:, 1],
+                                               work[:, 1] - fixed[:, 1], split[:, 1], price.work.params[r],
+                                               price.work.sharded_params[r], price.work.tensors[r],
+                                               *price.sharded[r].T, carry], axis=1),
+                                     shard.reshape(len(r), -1)], axis=1))
     return np.stack(terms, axis=1)
 
 
@@ -382,7 +410,8 @@ def stage_floors(pricer: Pricer, sums: np.ndarray, devices: tuple[int, ...]) -> 
     axis, ZeRO-2) and mesh: cost.stage_cost of its compute at least, each device paying the fixed
     costs and its share of the work (_share), with op's collectives; the cost model adds its
     gradient accumulation, sync and update."""
-    fixed_f, work_f, split_f, fixed_b, work_b, split_b, params, sharded, tensors, mixers, weights, _ = sums.T
+    fixed_f, work_f, split_f, fixed_b, work_b, split_b, params, sharded, tensors, mixers, weights, _ = sums.T[:len(TERMS)]
+    by_shards = sums[:, len(TERMS):].reshape(len(sums), -1, 4)  # [candidate, shards, 4]: _layer_terms' per shard count
     job, n, micro = pricer.job, pricer.n, pricer.job.num_micro_batches
     w = pricer.workload(job.model, (counts.Work(params=params, sharded_params=sharded, tensors=tensors),))
     floors = {}
@@ -393,7 +422,8 @@ def stage_floors(pricer: Pricer, sums: np.ndarray, devices: tuple[int, ...]) -> 
             mesh = Submesh(devices, dp, op, axis)
             kind, collectives = op_collective(w, counts.Work(sharded_params=weights), w.micro_batch / mesh.batch_shards,
                                               mesh, mixers) if op > 1 else ("", 0.0)
-            compute = Compute(fixed_f + _share(work_f, split_f, mesh), fixed_b + _share(work_b, split_b, mesh),
+            forward, backward = _share(by_shards[:, pricer.shards.index(mesh.batch_shards)], mesh)
+            compute = Compute(fixed_f + forward, fixed_b + backward,
                               **{"all_reduce" if kind == "op all-reduce" else "all_gather": collectives})
             c = stage_cost(w, StagePlan(((0,),), devices, dp, op), 0, plan, n, 2, 1, compute)
             found.append(Floor(micro * (c.forward + c.backward) + c.update, c.forward, c.backward, c.update))
@@ -402,12 +432,14 @@ def stage_floors(pricer: Pricer, sums: np.ndarray, devices: tuple[int, ...]) -> 
     return floors
 
 
-def _share(work: np.ndarray, split: np.ndarray, mesh: Submesh) -> np.ndarray:
-    """A device's share of one device's work on this mesh: its batch shard, of which op splits
-    `split` where the batch is on dp; all of it where the batch is on op (dp replicates it)."""
+def _share(shard: np.ndarray, mesh: Submesh) -> tuple[np.ndarray, np.ndarray]:
+    """A device's (forward, backward) work on this mesh, from its work at its batch shard (shard:
+    [candidate, 4], LayerPrices.by_shards less the fixed costs): all of it where the batch is on op
+    (dp replicates it), of which op splits the split part where the batch is on dp."""
+    forward, split_f, backward, split_b = shard.T
     if mesh.batch_axis == "op":
-        return work / mesh.op
-    return (work - split) / mesh.dp + split / (mesh.dp * mesh.op)
+        return forward, backward
+    return forward - split_f + split_f / mesh.op, backward - split_b + split_b / mesh.op
 
 
 def _has_points(profile: DeviceProfile) -> bool:
