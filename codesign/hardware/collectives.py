@@ -32,7 +32,6 @@ KINDS = tuple(COLLECTIVES)  # all-reduce, all-gather, reduce-scatter, all-to-all
 # one process per GPU): its launch and the host's part in it. Fitted to XLA's own H100 table
 # (all-reduce of 8 KiB on 8 GPUs, tests/published_hardware.py), checked on the others there.
 LAUNCH = 16e-6
-MEASURED_LINK = "link"  # the source of a figure priced from a link, not a table
 
 
 def bus_factor(kind: str, n: int) -> float:

@@ -91,9 +91,6 @@ class Devices:
         """Whether mixer calls are priced as the GEMMs they run (a data-sheet GPU), not at rates."""
         return self.profile.gemms and data_sheet(self.profile.kind) is not None
 
-    def gemm(self, precision: str, m: Any, n: Any, k: Any) -> Any:
-        return gemm_seconds(self.profile.kind, precision, m, n, k)[0]
-
     def fastest_rate(self, precision: str) -> float | None:
         """FLOP/s no matmul beats (for lower bounds): the data sheet's peak where GEMMs price it."""
         sheet = data_sheet(self.profile.kind)
