@@ -148,21 +148,24 @@ class Devices:
             inside = collectives.across_hosts(kind, each, hosts, per_host, inside, self.inter)
         return calls * (collectives.LAUNCH + inside)
 
-    def within_host(self, kind: str, nbytes: Any, n: int) -> Any:
-        """One host's collective: its measured NCCL table, unless a link of its own was measured
-        or declared ([links.NVLink]); else over NVLink."""
+    def measured_nccl(self):
+        """The device kind's measured NCCL table, unless a link of its own was measured or declared
+        ([links.NVLink]): the one place that decides which prices a host's collectives."""
         tables = table(self.profile.kind)
-        if tables is not None and tables.nccl is not None and self.intra == NVLINK:
-            if np.ndim(nbytes) == 0:  # a plan prices the same collectives many times
-                return collectives.measured(self.profile.kind, kind, float(nbytes), n)
-            return collectives.from_curves(tables.nccl, kind, nbytes, n)
-        return collectives.over_link(kind, nbytes, n, self.intra)
+        return tables if tables is not None and tables.nccl is not None and self.intra == NVLINK else None
+
+    def within_host(self, kind: str, nbytes: Any, n: int) -> Any:
+        """One host's collective: from its measured NCCL table where it has one, else over NVLink."""
+        tables = self.measured_nccl()
+        if tables is None:
+            return collectives.over_link(kind, nbytes, n, self.intra)
+        if np.ndim(nbytes) == 0:  # a plan prices the same collectives many times
+            return collectives.measured(self.profile.kind, kind, float(nbytes), n)
+        return collectives.from_curves(tables.nccl, kind, nbytes, n)
 
     def within_host_source(self) -> str:
-        tables = table(self.profile.kind)
-        if tables is not None and tables.nccl is not None and self.intra == NVLINK:
-            return f"{tables.source} nccl"
-        return f"link {self.intra}"
+        tables = self.measured_nccl()
+        return f"{tables.source} nccl" if tables is not None else f"link {self.intra}"
 
     def collective_source(self, hosts: int) -> str:
         """Where a collective's figure over this many hosts comes from."""
