@@ -9,7 +9,7 @@ The cost model composes plans from these answers; it reads no coefficient of the
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 import functools
 from typing import Any, Sequence
 
@@ -32,6 +32,8 @@ class Devices:
     intra: Link
     inter: Link
     nics: int = 0  # per host, of the transport between hosts
+    # a search prices the same collectives many times: collective's scalar answers, by their arguments
+    _collectives: dict = field(default_factory=dict, init=False, compare=False, repr=False)
 
     shares_cores = False
 
@@ -142,12 +144,21 @@ class Devices:
         """A collective over hosts x per_host devices, in `calls` collectives of nbytes in all."""
         if hosts * per_host <= 1:
             return 0.0
+        if isinstance(nbytes, np.ndarray) or isinstance(calls, np.ndarray):
+            return self._collective(kind, nbytes, hosts, per_host, calls)
+        key = (kind, nbytes, hosts, per_host, calls)
+        if key not in self._collectives:
+            self._collectives[key] = self._collective(kind, nbytes, hosts, per_host, calls)
+        return self._collectives[key]
+
+    def _collective(self, kind: str, nbytes: Any, hosts: int, per_host: int, calls: Any) -> Any:
         each = nbytes / np.maximum(calls, 1)  # calls may be 0 (arrays of mixers, some with none sharded)
         inside = self.within_host(kind, each, per_host) if per_host > 1 else 0.0
         if hosts > 1:
             inside = collectives.across_hosts(kind, each, hosts, per_host, inside, self.inter)
         return calls * (collectives.LAUNCH + inside)
 
+    @functools.cached_property
     def measured_nccl(self):
         """The device kind's measured NCCL table, unless a link of its own was measured or declared
         ([links.NVLink]): the one place that decides which prices a host's collectives."""
@@ -156,7 +167,7 @@ class Devices:
 
     def within_host(self, kind: str, nbytes: Any, n: int) -> Any:
         """One host's collective: from its measured NCCL table where it has one, else over NVLink."""
-        tables = self.measured_nccl()
+        tables = self.measured_nccl
         if tables is None:
             return collectives.over_link(kind, nbytes, n, self.intra)
         if np.ndim(nbytes) == 0:  # a plan prices the same collectives many times
@@ -164,7 +175,7 @@ class Devices:
         return collectives.from_curves(tables.nccl, kind, nbytes, n)
 
     def within_host_source(self) -> str:
-        tables = self.measured_nccl()
+        tables = self.measured_nccl
         return f"{tables.source} nccl" if tables is not None else f"link {self.intra}"
 
     def collective_source(self, hosts: int) -> str:

@@ -24,7 +24,7 @@ import numpy as np
 
 from codesign.cost.model import finish, layer_compute, one_program, op_collective, stage_busy, stage_cost
 from codesign.hardware.links import cluster_links
-from codesign.hardware.profiles import DeviceProfile, ProfileBook
+from codesign.hardware.profiles import DeviceProfile, ProfileBook, profile_id
 from codesign.cost.power import iteration_joules
 from codesign.cost.timeline import simulate
 from codesign.cost.workload import Submesh, Workload
@@ -69,7 +69,7 @@ class Pricer:
     """One target's prices: every distinct layer (mixers, widths) priced once per mesh."""
 
     def __init__(self, job: Job, training: TrainingSpec, book: ProfileBook, links: Iterable[LinkSpec],
-                 groups: int, positions: dict[tuple, LayerPrices] | None = None):
+                 groups: int, positions: dict[tuple, LayerPrices] | None = None, computes: dict | None = None):
         self.job, self.training = job, training
         self.profile: DeviceProfile = book.for_job(job)
         self.intra, self.inter = cluster_links(self.profile, job.cluster, tuple(links))
@@ -83,6 +83,9 @@ class Pricer:
         self.plans = [Plan((), job.num_micro_batches, v.axis, False, v.zero, SCHEDULES[0], "chosen")
                       for v in self.variants]
         self.positions = {} if positions is None else positions  # another target's, where only its groups differ
+        # layer_compute's answers, shared by every target of the same devices and links (_compute)
+        self.computes = {} if computes is None else computes
+        self.devices = (profile_id(self.profile), self.intra, self.inter, self.hw.nics, job.cluster.num_devices_per_host)
         self.degrees = min(groups, self.n)  # the most pipeline stages
         # pipeline_bound holds for devices of their own: on shared cores a stage runs at its own
         # devices' speed, faster than the one-device work it spreads
@@ -116,19 +119,31 @@ class Pricer:
     def layer(self, tokens: tuple[str, ...], block: search.Block, i: int, base: ModelSpec) -> tuple:
         """One layer's prices, from a one-layer workload of its exact widths."""
         proxy = _proxy(base, block.layers, i, tokens)
-        own, mixers, gemms, own_gemms = _layer_work(proxy, i, self.training.fold_dot)
+        layer = (proxy, i, self.training.fold_dot)
+        own, mixers, gemms, own_gemms = _layer_work(*layer)
         work = sum((w for _, w in mixers), own)
         w = self.workload(proxy, (work,), (own,), (mixers,), (gemms,), (own_gemms,))
-        alone, halved = self.split(w, 1)
+        alone, halved = self.split(w, layer, 1)
         sharded = [m.sharded_params for _, m in mixers if m.sharded_flops]  # as layer_compute asks op_collective
-        return ([layer_compute(w, 0, mesh, self.n) for mesh in self.meshes], work,
+        return ([self._compute(w, layer, mesh) for mesh in self.meshes], work,
                 finish(self.hw, 1, False, alone)[:2], (alone.fixed, alone.overheads - alone.fixed),
                 _halves(alone, halved), (len(sharded), sum(sharded)),
-                [x for s in self.shards for x in _by_shard(*self.split(w, s))])
+                [x for s in self.shards for x in _by_shard(*self.split(w, layer, s))])
 
-    def split(self, w: Workload, shards: int) -> tuple[Compute, Compute]:
+    def split(self, w: Workload, layer: tuple, shards: int) -> tuple[Compute, Compute]:
         """A one-layer workload on one device of `shards` batch shards, alone and with op = 2."""
-        return tuple(layer_compute(w, 0, Submesh(tuple(range(shards * op)), shards, op), self.n) for op in (1, 2))
+        return tuple(self._compute(w, layer, Submesh(tuple(range(shards * op)), shards, op)) for op in (1, 2))
+
+    def _compute(self, w: Workload, layer: tuple, mesh: Submesh) -> Compute:
+        """layer_compute of a one-layer workload (`layer`: _layer_work's arguments) with every device of
+        the cluster busy, keyed by all it reads of the mesh: meshes, micro-batch counts and
+        clusters of the same devices and links that give a device the same samples share it."""
+        hw = self.hw
+        key = (self.devices, layer, w.precision, w.micro_batch / mesh.batch_shards, mesh.op, mesh.batch_axis,
+               w.group(mesh.op_group), hw.share(self.n), hw.fixed_share(self.n, mesh.op))
+        if key not in self.computes:
+            self.computes[key] = layer_compute(w, 0, mesh, self.n)
+        return self.computes[key]
 
 
 def _halves(alone: Compute, halved: Compute) -> tuple:
@@ -288,12 +303,14 @@ def pipeline_bound(pricer: Pricer, terms: np.ndarray, depth: np.ndarray, thresho
 def _pipelines(pricer: Pricer, terms: np.ndarray, threshold: float) -> np.ndarray:
     layers, per_host = terms.shape[1], pricer.job.cluster.num_devices_per_host
     ends = np.concatenate([np.zeros_like(terms[:, :1]), np.cumsum(terms, axis=1)], axis=1)
-    floors: dict[tuple, dict[tuple[str, bool], list[Floor]]] = {}
+    floors: dict[tuple, tuple[dict[tuple[str, bool], list[Floor]], dict[tuple[str, bool], np.ndarray]]] = {}
 
-    def floor(i: int, j: int, devices: tuple[int, ...]) -> dict[tuple[str, bool], list[Floor]]:
+    def floor(i: int, j: int, devices: tuple[int, ...]) -> tuple[dict, dict]:
+        """The stage's floors per setting and mesh, and per setting its least step over the meshes."""
         key = (i, j, tuple(d - devices[0] // per_host * per_host for d in devices))  # the same on any host
         if key not in floors:
-            floors[key] = stage_floors(pricer, ends[:, j] - ends[:, i], devices)
+            found = stage_floors(pricer, ends[:, j] - ends[:, i], devices)
+            floors[key] = found, {s: functools.reduce(np.minimum, (f.step for f in fs)) for s, fs in found.items()}
         return floors[key]
 
     shapes, slowest = [], np.full(len(terms), np.inf)
@@ -302,13 +319,12 @@ def _pipelines(pricer: Pricer, terms: np.ndarray, threshold: float) -> np.ndarra
         for cuts in itertools.combinations(range(1, layers), pp - 1):
             edges = (0, *cuts, layers)
             for devices in placed:
-                priced = [floor(a, b, tuple(d)) for a, b, d in zip(edges, edges[1:], devices)]
+                priced, least = zip(*(floor(a, b, tuple(d)) for a, b, d in zip(edges, edges[1:], devices)))
                 carries = [terms[:, cut - 1, CARRY] for cut in cuts]
                 settings = set.intersection(*(set(p) for p in priced))
                 shapes.append((devices, [{k: p[k] for k in settings} for p in priced], carries))
                 for setting in settings:
-                    steps = [functools.reduce(np.minimum, (f.step for f in p[setting])) for p in priced]
-                    slowest = np.minimum(slowest, functools.reduce(np.maximum, steps))
+                    slowest = np.minimum(slowest, functools.reduce(np.maximum, (s[setting] for s in least)))
     close = np.flatnonzero(slowest < threshold)
     if close.size:
         slowest[close] = np.maximum(slowest[close], _simulations(pricer, shapes, close, threshold))

@@ -183,8 +183,9 @@ def rank_target(target: Target, training: TrainingSpec, book: ProfileBook, links
     """The fast pass over every candidate, then the full searches it cannot stand for. prices: the
     layer prices of the targets ranked before (with the same training, profiles and links)."""
     positions = None if prices is None else prices.setdefault((target.cluster, target.platform, target.micro), {})
+    computes = None if prices is None else prices.setdefault("layer computes", {})
     pricer = Pricer(target.job(found.base, training), training, book, links, target.parallel.num_auto_layers,
-                    positions)
+                    positions, computes)
     ranking = _fast_ranking(target, pricer, found, top)
     exact = pricer.degrees == 1  # the space holds one-program plans only
     with tqdm(desc=f"full searches on {target.cluster.summary()}", unit="search", file=sys.stderr, disable=None,
