@@ -18,7 +18,6 @@ import json
 import logging
 import os
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +28,7 @@ import platformdirs
 from codesign.hardware.profiles import DeviceProfile, ProfileBook, builtin_kind, library_versions
 from codesign.config.hosts import Hosts
 from codesign.run.device_env import device_env
+from codesign.run.durable import write_atomically
 from codesign.run.learning import Learner, learning_enabled
 from codesign.store.database import Store
 
@@ -69,7 +69,7 @@ def this_machine(platform: str, hosts: Hosts) -> Machine:
 
 
 class ProfileCache:
-    """One JSON file per machine key under the user's cache directory; written atomically."""
+    """One JSON file per machine key under the user's cache directory; written atomically and durably."""
 
     def __init__(self, root: Path | None = None):
         self.root = root or Path(platformdirs.user_cache_dir("codesign")) / "profiles"
@@ -93,9 +93,7 @@ class ProfileCache:
         path = self.path(machine)
         path.parent.mkdir(parents=True, exist_ok=True)
         data = {"machine": dataclasses.asdict(machine), "created": time.time(), "profile": profile.to_dict()}
-        with tempfile.NamedTemporaryFile("w", dir=path.parent, suffix=".tmp", delete=False) as f:
-            json.dump(data, f)
-        os.replace(f.name, path)
+        write_atomically(path, json.dumps(data))
         return path
 
 
