@@ -248,7 +248,7 @@ def test_codesign_profile_lists_the_machines_calibrations_without_measuring(tmp_
     assert lines == [v.summary() for v in machine.versions()] and len(lines) == 2
     assert lines[0].startswith("calibration 1: 6 points, held-out error ") and ", accepted; memory x" in lines[0]
     assert sorted(p.name for p in (tmp_path / "xdg" / "codesign" / "profiles").iterdir()) == [
-        f"{machine.machine.key}.{suffix}" for suffix in ("calibrations.json", "calibrations.lock", "points.jsonl")]
+        f"{machine.machine.key}.{suffix}" for suffix in ("calibrations.json", "calibrations.json.bak", "points.jsonl")]
 
 
 def test_learning_replay_prices_recorded_points_under_each_prior(tmp_path, capsys, monkeypatch):

@@ -222,11 +222,11 @@ def with_factors(base: DeviceProfile, factors: dict[str, float], kinds: dict[str
     return dataclasses.replace(scaled(base, factors), calibration=Calibrated(tuple(kinds.items())))
 
 
-def raised(base: DeviceProfile, points: Sequence[Point], current: Calibration | None, version: int,
+def raised(base: DeviceProfile, bound: float, current: Calibration | None, version: int,
            now: float) -> Calibration | None:
-    """The current calibration under a higher memory bound, where the points' peaks need one: an
-    under-predicted peak is an OOM, so the bound rises at once, without waiting for a refit."""
-    bound = memory_bound(base, points)
+    """The current calibration under a higher memory bound (memory_bound of the points), where
+    the points' peaks need one: an under-predicted peak is an OOM, so the bound rises at once,
+    without waiting for a refit."""
     if bound <= (current.memory_factor if current else 1.0):
         return None
     if current is None:

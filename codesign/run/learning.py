@@ -1,40 +1,61 @@
 """Where a machine's cost model learns: its points and calibrations, in the profile cache.
 
-Beside the machine's profile (ProfileCache.path): KEY.points.jsonl holds every point measured
-on the machine, by any sweep into any DB (one JSON line each, appended under a lock: two sweeps
-may write at once; no DB is read back or written for it); KEY.calibrations.json every
-calibration version fitted to them, accepted or not (cost.learning). A sweep refits after a
-point when the points are due, under a lock that a sweep finding it taken skips: the other
-sweep is refitting. CODESIGN_LEARNING=0 turns learning off (benches, tests), as `codesign run
---no-learning` does.
+The store's contract (Optuna's journal storage is the model). Beside the machine's profile
+(ProfileCache.path), every sweep on the machine, into any DB, shares:
+
+- KEY.points.jsonl: every point measured on the machine, one JSON line each, only ever appended:
+  one line at a time under KEY.points.jsonl.lock, flushed and fsynced before the lock is let go
+  (run.durable). A point a sweep has added survives a crash of the sweep or of the machine. A
+  reader takes no lock and skips a line that does not read (a torn last line: a crash
+  mid-append, or a line being written), saying so once per file and process; the next append
+  ends a torn line first, so that it alone is lost. No DB is read back or written for it.
+- KEY.calibrations.json: every calibration version fitted to them, accepted or not, oldest
+  first (cost.learning). Never edited: under KEY.calibrations.json.lock a writer reads the
+  versions, appends one and replaces the file whole (a temporary file fsynced, renamed over
+  it, the directory fsynced), then KEY.calibrations.json.bak the same way, its last good copy.
+  A crash leaves each file old or new, whole. A reader takes no lock; where the file does not
+  read (damaged, truncated), that is said once per file and process, and its last good copy
+  prices, else the base profile; no command fails on it, and the next version written
+  replaces it.
+- Locks are lock files (O_CREAT | O_EXCL), which hold on NFS, where flock may not; one left by
+  a crash is broken once stale.
+
+A sweep refits after a point when the points are due, holding KEY.refit.lock; a sweep finding
+it held skips the refit (the other sweep is refitting). The memory bound is never skipped: after
+every point each sweep raises it, waiting for the calibrations' lock, where the pool's peaks
+need it (an under-predicted peak is an OOM). CODESIGN_LEARNING=0 turns learning off (benches,
+tests), as `codesign run --no-learning` does.
 """
 
 from __future__ import annotations
 
 import contextlib
-import fcntl
+import dataclasses
 import json
 import logging
 import os
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from codesign.config.loader import LinkSpec
 from codesign.config.types import Job
 from codesign.errors import PlanError
 from codesign.outcome import OOM, SUCCEEDED, Outcome
 from codesign.hardware.profiles import DeviceProfile, profile_id
-from codesign.cost.learning import Calibration, Point, calibrated, due, raised, refit
+from codesign.cost.learning import Calibration, Point, calibrated, due, memory_bound, raised, refit
 from codesign.cost.plan import Plan, make_plan
+from codesign.run.durable import append_line, claimed, lock_of, locked, write_atomically
 
 if TYPE_CHECKING:
     from codesign.run.profile_cache import Machine, ProfileCache
 
 log = logging.getLogger(__name__)
 LEARNING_ENV = "CODESIGN_LEARNING"  # "0": no learning
+REFIT_STALE = 300.0  # seconds: a refit takes seconds; a refit lock this old was left by a crash
+UNREADABLE = (OSError, ValueError, KeyError, TypeError, AttributeError)  # what a damaged file raises
+_warned: set[Path] = set()  # the files said to be damaged in this process
 
 
 def learning_enabled() -> bool:
@@ -78,87 +99,116 @@ class Learner:
         return read_points(self.file("points.jsonl"))
 
     def add(self, point: Point) -> None:
-        """Append the point: one write of one line, under the file's lock."""
+        """Append the point, durably, under the pool's lock."""
         path = self.file("points.jsonl")
         path.parent.mkdir(parents=True, exist_ok=True)
-        with path.open("a") as f:
-            fcntl.flock(f, fcntl.LOCK_EX)
-            f.write(json.dumps(point.to_dict()) + "\n")
+        append_line(path, json.dumps(point.to_dict()))
 
     def learn(self, point: Point) -> bool:
-        """Add the point and refit when due; True when the calibration in use changed (this
-        refit's, or another sweep's accepted meanwhile)."""
+        """Add the point, refit when due (unless another sweep is refitting), and raise the memory
+        bound where the pool needs it; True when the calibration in use changed (here, or by
+        another sweep meanwhile)."""
         self.add(point)
-        before = self.current
-        with self._refitting() as mine:
-            if mine:
-                self._refit()
+        before, points = self.current, self.points()
+        with claimed(self.file("refit.lock"), REFIT_STALE) as mine:
+            if mine and self._refit(points):
+                points = self.points()  # and other sweeps' new ones, which the refit's bound lacks
+        bound = memory_bound(self.base, points)
+        self._append(lambda current, version: raised(self.base, bound, current, version, time.time()))
         return self.current != before
 
-    def _refit(self) -> None:
-        versions, points = self.versions(), self.points()
+    def _refit(self, points: list[Point]) -> bool:
+        """Refit when the points are due: fitted outside the calibrations' lock (it takes
+        seconds), numbered when it is written; True when it was."""
+        versions = self.versions()
         base = profile_id(self.base)
-        self.current = self.latest(versions)
         fitted = [v for v in versions if v.base == base and not v.memory_only]
-        if due(points, fitted[-1].points if fitted else 0):
-            found = refit(self.base, points, self.current, len(versions) + 1, time.time())
-            log.info("calibration %d of the %s: held-out error %.1f%% against %.1f%%, %s", found.version,
-                     self.machine, 100 * found.held_out_error, 100 * found.previous_error,
-                     "accepted" if found.accepted else "rejected")
-        else:
-            found = raised(self.base, points, self.current, len(versions) + 1, time.time())
-        if found is None:
-            return
-        self._save([*versions, found])
-        if found.accepted:
-            self.current = found
+        if not due(points, fitted[-1].points if fitted else 0):
+            return False
+        found = refit(self.base, points, self.latest(versions), len(versions) + 1, time.time())
+        self._append(lambda current, version: dataclasses.replace(found, version=version))
+        log.info("calibration of the %s: held-out error %.1f%% against %.1f%%, %s", self.machine,
+                 100 * found.held_out_error, 100 * found.previous_error, "accepted" if found.accepted else "rejected")
+        return True
 
-    @contextlib.contextmanager
-    def _refitting(self) -> Iterator[bool]:
-        """The machine's refit lock; False where another sweep holds it (it is refitting)."""
-        path = self.file("calibrations.lock")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with path.open("a") as f:
-            try:
-                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                yield False
-                return
-            yield True
-
-    def _save(self, versions: list[Calibration]) -> None:
+    def _append(self, new: Callable[[Calibration | None, int], Calibration | None]) -> None:
+        """Under the calibrations' lock (waiting for it): the version `new` makes of the latest
+        accepted one and the next number, if any, written after every version; then the latest
+        accepted one in use (this, or another sweep's)."""
         path = self.file("calibrations.json")
         path.parent.mkdir(parents=True, exist_ok=True)
-        data = {"machine": str(self.machine), "versions": [v.to_dict() for v in versions]}
-        with tempfile.NamedTemporaryFile("w", dir=path.parent, suffix=".tmp", delete=False) as f:
-            json.dump(data, f, indent=1)
-        os.replace(f.name, path)
+        with locked(lock_of(path)):
+            versions = self.versions()
+            found = new(self.latest(versions), len(versions) + 1)
+            if found is not None:
+                versions.append(found)
+                self._save(versions)
+        self.current = self.latest(versions)
+
+    def _save(self, versions: list[Calibration]) -> None:
+        """Replace the versions' file, then its last good copy, each whole."""
+        path = self.file("calibrations.json")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        text = json.dumps({"machine": str(self.machine), "versions": [v.to_dict() for v in versions]}, indent=1)
+        write_atomically(path, text)
+        write_atomically(backup_of(path), text)
 
 
 def learning_file(cache: ProfileCache, machine: Machine, suffix: str) -> Path:
     return cache.root / f"{machine.key}.{suffix}"
 
 
+def backup_of(path: Path) -> Path:
+    return path.with_name(f"{path.name}.bak")
+
+
 def read_points(path: Path) -> list[Point]:
     """The points of a pool file, in the order they were added; a line that does not read (a crash
-    mid-write) is skipped."""
-    found = []
+    mid-write) is skipped, said once per file and process."""
+    found, skipped = [], 0
     with contextlib.suppress(FileNotFoundError), path.open() as f:
         for line in f:
             try:
                 found.append(Point.from_dict(json.loads(line)))
             except (ValueError, KeyError, TypeError):
-                log.warning("%s: an unreadable point skipped", path)
+                skipped += 1
+    if skipped:
+        _warn_once(path, "%s: %d unreadable point(s) skipped (a crash mid-append leaves one)", path, skipped)
     return found
 
 
 def calibration_versions(cache: ProfileCache, machine: Machine) -> list[Calibration]:
-    """Every calibration version fitted on the machine, oldest first."""
+    """Every calibration version fitted on the machine, oldest first. Where the file does not
+    read (said once), its last good copy's, else none: the base profile prices."""
+    path = learning_file(cache, machine, "calibrations.json")
     try:
-        data = json.loads(learning_file(cache, machine, "calibrations.json").read_text())
+        return read_versions(path)
     except FileNotFoundError:
         return []
-    return [Calibration.from_dict(v) for v in data["versions"]]
+    except UNREADABLE as err:
+        kept = last_good(path)
+        fallback = f"its last good copy ({len(kept)} version(s))" if kept else "the base profile"
+        _warn_once(path, "%s does not read (%s: %s); pricing by %s until the next calibration replaces it",
+                   path, type(err).__name__, err, fallback)
+        return kept
+
+
+def read_versions(path: Path) -> list[Calibration]:
+    return [Calibration.from_dict(v) for v in json.loads(path.read_text())["versions"]]
+
+
+def last_good(path: Path) -> list[Calibration]:
+    """The versions of the file's last good copy; none where it has none that reads."""
+    try:
+        return read_versions(backup_of(path))
+    except UNREADABLE:  # FileNotFoundError among them
+        return []
+
+
+def _warn_once(path: Path, message: str, *args: Any) -> None:
+    if path not in _warned:
+        _warned.add(path)
+        log.warning(message, *args)
 
 
 def point_of(job: Job, outcome: Outcome, links: Sequence[LinkSpec], source: str, base: str) -> Point | None:
