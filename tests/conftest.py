@@ -33,12 +33,12 @@ RUN_DIR.mkdir(exist_ok=True)
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", str(RUN_DIR / "jax"))
 
 
-def db_rows(db) -> list[dict]:
-    """Every attempt as a user's own SQL sees it (straight from the file, not through the store)."""
+def db_rows(db, table: str = "attempts") -> list[dict]:
+    """Every attempt (or repricing) as a user's own SQL sees it (straight from the file, not through the store)."""
     conn = sqlite3.connect(db)
     conn.row_factory = sqlite3.Row
     try:
-        return [dict(r) for r in conn.execute("SELECT * FROM attempts ORDER BY id")]
+        return [dict(r) for r in conn.execute(f"SELECT * FROM {table} ORDER BY id")]
     finally:
         conn.close()
 

@@ -22,7 +22,7 @@ from codesign.cost.learning import Calibration, Point, calibrated, memory_bound,
 from codesign.cost.plan import make_plan
 from codesign.run.learning import Learner
 from codesign.run.profile_cache import ProfileCache, profiles_for, this_machine
-from codesign.run.reprice import reprice
+from codesign.run.reprice import fitted_calibrations, reprice
 from codesign.run.sweep import Pricing, run_sweep
 from codesign.store.database import Store
 from tests.conftest import db_rows
@@ -175,17 +175,41 @@ def test_each_attempt_records_the_calibration_that_priced_it(tmp_path, cache):
     assert kept == {profile_id(BASE), profile_id(profile)}
 
 
-def test_reprice_uses_the_latest_calibration(tmp_path, cache):
+def test_reprice_keeps_what_was_predicted_and_says_which_repricings_the_calibration_was_fitted_to(
+        tmp_path, cache, monkeypatch):
+    """The latest calibration prices every attempt again, beside what it predicted before it ran;
+    in-sample only where it was fitted to that attempt: one of the machine's points, finished
+    before the fit. Not in-sample: attempts that finished after it (a.db's last two, run with
+    learning off), nor ones that finished before it but were never points (c.db's)."""
+    monkeypatch.setenv("CODESIGN_LEARNING", "0")
+    sweep(tmp_path / "c.db", JOBS[:3], cache, times=1.4)
+    monkeypatch.delenv("CODESIGN_LEARNING")
     sweep(tmp_path / "a.db", JOBS[:8], cache)
-    store = Store(tmp_path / "a.db")
-    try:
-        book = profiles_for(Hosts.local(0), store, cache=cache).book
-        assert reprice(store, store.attempts(), book) == 8
-    finally:
-        store.close()
-    found = db_rows(tmp_path / "a.db")
-    assert [recorded_calibration(r) for r in found] == [1] * 8
-    assert {r["profile_id"] for r in found} == {profile_id(learner(cache).profile)}
+    monkeypatch.setenv("CODESIGN_LEARNING", "0")
+    sweep(tmp_path / "a.db", JOBS[8:10], cache)
+    monkeypatch.delenv("CODESIGN_LEARNING")
+    current = learner(cache).current
+    found = {}
+    for db in ("a.db", "c.db"):
+        before = db_rows(tmp_path / db)
+        store = Store(tmp_path / db)
+        try:
+            profiles = profiles_for(Hosts.local(0), store, cache=cache)
+            found[db] = reprice(store, store.attempts(), profiles.book, (),
+                                fitted_calibrations(profiles.learners.values()))
+        finally:
+            store.close()
+        assert db_rows(tmp_path / db) == before
+    assert (found["a.db"].beside, found["a.db"].simulated, found["c.db"].beside) == (10, 0, 3)
+    repriced = db_rows(tmp_path / "a.db", "repricings")
+    assert [r["attempt_id"] for r in repriced] == [r["id"] for r in db_rows(tmp_path / "a.db")]
+    assert {(r["calibration"], r["profile_id"]) for r in repriced} == {
+        (current.version, profile_id(learner(cache).profile))}
+    # the 7th and 8th are points: in-sample where the calibration in use came after them (a refit
+    # at the 8th point, or a memory bound they raised), not where it was fitted at the 6th
+    after_the_sixth = [int(r["finished_at"] <= current.created) for r in db_rows(tmp_path / "a.db")[6:8]]
+    assert [r["in_sample"] for r in repriced] == [1] * 6 + after_the_sixth + [0, 0]
+    assert [r["in_sample"] for r in db_rows(tmp_path / "c.db", "repricings")] == [0, 0, 0]
 
 
 def test_no_learning_prices_by_the_base_profile_and_keeps_no_points(tmp_path, cache, monkeypatch):

@@ -355,7 +355,8 @@ def test_reprice_prices_an_attempt_by_the_measured_profile_of_the_device_it_ran_
         store.finish(attempt, Outcome("succeeded", metrics={"median": 0.01, "device_kind": kind, "predicted_time": 1.0}))
     store.close()
     assert run_cli("reprice", "-d", "r.db", cwd=tmp_path).returncode == 0
-    ran, elsewhere = db_rows(tmp_path / "r.db")
+    assert [r["predicted_time"] for r in db_rows(tmp_path / "r.db")] == [1.0, 1.0]  # what they predicted before
+    ran, elsewhere = db_rows(tmp_path / "r.db", "repricings")
     book = ProfileBook()
     book.add(measured)
     book.local["gpu"] = measured.kind

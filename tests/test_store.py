@@ -145,7 +145,7 @@ def test_a_version_7_db_gains_the_energy_columns_and_keeps_its_rows(tmp_path):
                  "VALUES ('old', 'succeeded', 2.5, 40.0, 2.25)")
     conn.close()
     store = Store(tmp_path / "r.db")
-    assert store.schema_version == SCHEMA_VERSION == 8
+    assert store.schema_version == SCHEMA_VERSION >= 8
     (old,) = store.attempts()
     assert (old["job_key"], old["avg"], old["energy_per_iter"], old["predicted_time"]) == ("old", 2.5, 40.0, 2.25)
     assert (old["avg_power"], old["energy_source"], old["predicted_energy"]) == (None, None, None)

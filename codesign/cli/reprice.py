@@ -1,5 +1,6 @@
 """`codesign reprice -d DB`: re-price the DB's recorded attempts with the profiles at hand now
-(after `codesign profile`, or a new release's cost model); measurements stay as they are."""
+(after `codesign profile`, or a new release's cost model); measurements, and what each measured
+attempt predicted before it ran, stay as they are: the new predictions sit beside them."""
 
 from __future__ import annotations
 
@@ -21,8 +22,11 @@ EXAMPLES = [
 
 def build_parser() -> argparse.ArgumentParser:
     parser = command_parser("codesign reprice", "Re-price a results DB's recorded attempts with the profiles at "
-                            "hand now (after `codesign profile`, or a new release's cost model); measurements "
-                            "stay as they are.", EXAMPLES)
+                            "hand now (after `codesign profile`, or a new release's cost model). Measurements, and "
+                            "what each measured attempt predicted before it ran, stay as they are: each new "
+                            "prediction joins table repricings, saying whether the calibration that made it was "
+                            "fitted to that attempt (in-sample). A simulated attempt's prediction, its only "
+                            "result, is replaced.", EXAMPLES)
     parser.add_argument("-d", "--db", default="results.db", help="The results DB whose attempts to re-price.")
     parser.add_argument("-c", "--config", help="A config whose [links] price the attempts that recorded no links "
                                                "(priced by an older codesign); the others keep their own.")
@@ -31,7 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str]) -> int:
     from codesign.run.discovery import local_hosts
-    from codesign.run.reprice import reprice
+    from codesign.run.reprice import fitted_calibrations, reprice
 
     args = build_parser().parse_args(argv)
     setup_logging(args.verbose)
@@ -42,8 +46,9 @@ def main(argv: list[str]) -> int:
     try:
         rows = store.attempts()
         hosts = local_hosts(any(row["platform"] == "gpu" for row in rows))
-        changed = reprice(store, rows, profiles(hosts, args.db, None).book, links)
+        found = profiles(hosts, args.db, None)
+        done = reprice(store, rows, found.book, links, fitted_calibrations(found.learners.values()))
     finally:
         store.close()
-    print(f"codesign: re-priced {changed} attempts of {args.db}", file=sys.stderr)
+    print(f"codesign: re-priced {done.total} attempts of {args.db}: {done}", file=sys.stderr)
     return 0

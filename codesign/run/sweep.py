@@ -325,7 +325,7 @@ class Sweep:
                 log.warning("could not price simulated attempt %d again:\n%s", row["id"], traceback.format_exc())
                 continue
             if profile is not None and stale(row, now):
-                self.store.reprice(row["id"], now)
+                self.store.reprice_simulated(row["id"], now)
                 self.keep_profile(profile)
                 self.summary.repriced += 1
 

@@ -5,10 +5,12 @@ claimed as `running` atomically (two orchestrators never run one job at once), a
 only a running attempt can be closed. A running attempt whose orchestrator is gone
 (dead pid on this host, or a heartbeat older than STALE_AFTER by the DB's clock; a live
 orchestrator's `Heartbeat` thread beats it from claim to close) becomes `interrupted`, which
-is not the job's fault: the job runs again without a flag, up to MAX_INTERRUPTED times. The
-schema version lives in PRAGMA user_version, and older DBs are brought forward by the ordered
-migrations of `schema`, in one transaction. A file that is not a sound SQLite DB is refused
-before anything is written to it.
+is not the job's fault: the job runs again without a flag, up to MAX_INTERRUPTED times. What a
+finished attempt predicted before it ran is never rewritten: its re-pricings sit beside it, in
+table repricings (codesign.store's docstring has the whole contract). The schema version lives
+in PRAGMA user_version, and older DBs are brought forward by the ordered migrations of
+`schema`, in one transaction. A file that is not a sound SQLite DB is refused before anything
+is written to it.
 """
 
 from __future__ import annotations
@@ -38,10 +40,11 @@ from codesign.outcome import (
     INVALID,
     METRIC_COLUMNS,
     RUNNING,
+    SIMULATED,
     Outcome,
 )
 from codesign.config.types import Job
-from codesign.store.schema import MIGRATIONS, SCHEMA_VERSION
+from codesign.store.schema import EARLIER_PREDICTIONS, MIGRATIONS, PRICED_BY, REPRICED_COLUMNS, SCHEMA_VERSION
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -55,10 +58,6 @@ NOW = "((julianday('now') - 2440587.5) * 86400.0)"  # the DB clock, in unix seco
 RETIRED_ERRORS = ("Auto search is not supported yet",)
 # What an outcome reports beside the metric columns, kept under its name in all_configs.
 CONFIG_METRICS = ("losses", "prediction", "auto_search", "auto_trials", "energy", "power")
-# An attempt's prediction and what priced it: the columns a re-pricing replaces.
-PRICED_BY = ("predicted_time", "predicted_memory", "predicted_energy", "profile_id", "cost_model")
-# all_configs' list of the predictions re-pricing replaced, oldest first (each with its columns)
-EARLIER_PREDICTIONS = "earlier_predictions"
 SQLITE_HEADER = b"SQLite format 3\x00"
 
 
@@ -244,13 +243,32 @@ class Store:
                                f"WHERE id = ? AND status = ?", (*values.values(), attempt_id, RUNNING))
             return cur.rowcount == 1
 
-    def reprice(self, attempt_id: int, prediction: dict[str, Any]) -> None:
-        """A finished attempt's prediction from the cost model as it is now (its measurements stay).
-        The prediction it replaces, where it differs, joins the attempt's EARLIER_PREDICTIONS."""
+    def reprice(self, attempt_id: int, prediction: dict[str, Any], in_sample: bool) -> None:
+        """A finished attempt priced again, beside what it predicted before it ran (never rewritten):
+        one more of its repricings, with what priced it and whether that calibration was fitted
+        to the attempt itself. A simulated attempt, whose prediction is its result, is
+        reprice_simulated's."""
+        values = [_cell(prediction.get(k)) for k in PRICED_BY]
+        calibration = (prediction.get("prediction") or {}).get("calibration")
+        with self._transaction() as conn:
+            cur = conn.execute(
+                f"INSERT INTO repricings (attempt_id, repriced_at, {', '.join(PRICED_BY)}, calibration, in_sample, "
+                f"prediction) SELECT id, {NOW}, {', '.join('?' for _ in PRICED_BY)}, ?, ?, ? FROM attempts "
+                f"WHERE id = ? AND status NOT IN (?, ?)",
+                (*values, calibration, in_sample, json.dumps(prediction.get("prediction")), attempt_id,
+                 RUNNING, SIMULATED))
+            if cur.rowcount != 1:
+                raise ValueError(f"attempt {attempt_id} is running, simulated or absent: not re-priced beside")
+
+    def reprice_simulated(self, attempt_id: int, prediction: dict[str, Any]) -> None:
+        """A simulated attempt's prediction (nothing ran: it is its result) from the cost model as
+        it is now; the one it replaces, where it differs, joins its EARLIER_PREDICTIONS."""
         values = {k: _cell(prediction.get(k)) for k in PRICED_BY}
         with self._transaction() as conn:
-            row = conn.execute(f"SELECT all_configs, {', '.join(PRICED_BY)} FROM attempts WHERE id = ?",
-                               (attempt_id,)).fetchone()
+            row = conn.execute(f"SELECT all_configs, {', '.join(PRICED_BY)} FROM attempts WHERE id = ? AND status = ?",
+                               (attempt_id, SIMULATED)).fetchone()
+            if row is None:
+                raise ValueError(f"attempt {attempt_id} is not simulated: what it predicted before it ran is kept")
             configs = json.loads(row["all_configs"] or "{}")
             before = {**{k: row[k] for k in PRICED_BY}, "prediction": configs.get("prediction")}
             now = json.loads(json.dumps({**values, "prediction": prediction.get("prediction")}))
@@ -271,6 +289,17 @@ class Store:
             wanted = tuple(statuses)
             marks = ", ".join("?" for _ in wanted)
             rows = self.conn.execute(f"SELECT * FROM attempts WHERE status IN ({marks}) ORDER BY id", wanted)
+        return [dict(r) for r in rows]
+
+    def attempts_repriced(self, statuses: Iterable[str] | None = None) -> list[dict[str, Any]]:
+        """As attempts(), each with its latest repricing beside its own columns (REPRICED_COLUMNS,
+        None where it was never re-priced)."""
+        wanted = () if statuses is None else tuple(statuses)
+        where = "" if statuses is None else f"WHERE a.status IN ({', '.join('?' for _ in wanted)}) "
+        repriced = ", ".join(f"r.{column} AS {name}" for name, column in REPRICED_COLUMNS.items())
+        rows = self.conn.execute(
+            f"SELECT a.*, {repriced} FROM attempts a LEFT JOIN repricings r ON r.id = "
+            f"(SELECT max(id) FROM repricings WHERE attempt_id = a.id) {where}ORDER BY a.id", wanted)
         return [dict(r) for r in rows]
 
     def attempts_of(self, key: str, status: str) -> list[dict[str, Any]]:

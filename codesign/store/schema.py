@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import re
 import sqlite3
-from typing import Callable
+from typing import Any, Callable
 
 from codesign.config.jobs import job_key
 from codesign.config.types import Job
@@ -155,6 +155,62 @@ V8_ENERGY = [
 ]
 
 
+# An attempt's prediction and what priced it: what it predicted before it ran (never rewritten,
+# save a simulated attempt's, whose prediction is its result), as each re-pricing records it too.
+PRICED_BY = ("predicted_time", "predicted_memory", "predicted_energy", "profile_id", "cost_model")
+# all_configs' list of the predictions a simulated attempt's re-pricings replaced, oldest first
+EARLIER_PREDICTIONS = "earlier_predictions"
+
+# v9: each re-pricing of a finished attempt, beside the prediction it made before it ran: what
+# priced it (profile, cost model, calibration version, NULL for none), when by the DB's clock,
+# and whether that calibration was fitted to the attempt itself (in_sample: hindsight, not a forecast).
+REPRICINGS = ["""
+CREATE TABLE repricings (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    attempt_id INTEGER NOT NULL REFERENCES attempts (id),
+    repriced_at REAL,
+    predicted_time REAL, predicted_memory INTEGER, predicted_energy REAL,
+    profile_id TEXT, cost_model TEXT, calibration INTEGER,
+    in_sample INTEGER NOT NULL CHECK (in_sample IN (0, 1)),
+    prediction TEXT
+)""", "CREATE INDEX repricings_by_attempt ON repricings (attempt_id)"]
+# A repricing's columns as an export shows the latest one beside its attempt's, after them.
+REPRICED_COLUMNS = {"repriced_time": "predicted_time", "repriced_memory": "predicted_memory",
+                    "repriced_energy": "predicted_energy", "repriced_profile_id": "profile_id",
+                    "repriced_cost_model": "cost_model", "repriced_calibration": "calibration",
+                    "repriced_in_sample": "in_sample", "repriced_at": "repriced_at"}
+
+
+def keep_before_it_ran(conn: sqlite3.Connection) -> None:
+    """Re-pricings beside the predictions they re-price. A measured attempt that an earlier
+    codesign re-priced in place gets back the prediction it made before it ran (the oldest of its
+    EARLIER_PREDICTIONS); the later ones, and what its columns held, become its re-pricings, of
+    unknown date, in-sample wherever a calibration made them (what it was fitted to is unknown)."""
+    for statement in REPRICINGS:
+        conn.execute(statement)
+    rows = conn.execute(f"SELECT id, all_configs, {', '.join(PRICED_BY)} FROM attempts WHERE status NOT IN "
+                        f"('running', 'simulated') AND all_configs LIKE '%{EARLIER_PREDICTIONS}%'").fetchall()
+    for attempt_id, text, *priced in rows:
+        configs = json.loads(text)
+        if EARLIER_PREDICTIONS not in configs:
+            continue
+        original, *later = configs.pop(EARLIER_PREDICTIONS)
+        for repriced in [*later, {**dict(zip(PRICED_BY, priced)), "prediction": configs.pop("prediction", None)}]:
+            _insert_repricing(conn, attempt_id, repriced)
+        if original.get("prediction") is not None:
+            configs["prediction"] = original["prediction"]
+        conn.execute(f"UPDATE attempts SET {', '.join(f'{k} = ?' for k in PRICED_BY)}, all_configs = ? WHERE id = ?",
+                     (*(original.get(k) for k in PRICED_BY), json.dumps(configs), attempt_id))
+
+
+def _insert_repricing(conn: sqlite3.Connection, attempt_id: int, repriced: dict[str, Any]) -> None:
+    calibration = (repriced["prediction"] or {}).get("calibration")
+    conn.execute(f"INSERT INTO repricings (attempt_id, {', '.join(PRICED_BY)}, calibration, in_sample, prediction) "
+                 f"VALUES (?, {', '.join('?' for _ in PRICED_BY)}, ?, ?, ?)",
+                 (attempt_id, *(repriced.get(k) for k in PRICED_BY), calibration, calibration is not None,
+                  json.dumps(repriced["prediction"])))
+
+
 MIGRATIONS: list[Migration] = [
     _statements(V1_ATTEMPTS),
     _statements(V2_PRECISION_ENERGY),
@@ -164,5 +220,6 @@ MIGRATIONS: list[Migration] = [
     allow_simulated,  # v6: 'simulated' attempts, compiled_memory apart from predicted_memory
     _statements(V7_PROVENANCE),  # v7: profile copies by id; what priced, recorded and ran each attempt
     _statements(V8_ENERGY),  # v8: avg_power, energy_source, predicted_energy
+    keep_before_it_ran,  # v9: repricings beside the predictions made before the attempts ran
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
