@@ -212,3 +212,30 @@ def test_a_ranking_without_energy_shows_no_energy_frontier(tmp_path):
     page = Page((tmp_path / "out" / "report.html").read_text())
     assert len(page.sections["codesign"]["tables"]) == 1  # the parameters-throughput frontier only
     assert not (tmp_path / "out" / "codesign_energy.png").exists()
+
+
+def test_repriced_attempts_leave_the_forecasts_alone_and_are_shown_apart_labelled_in_sample(learned, tmp_path):
+    """`codesign reprice` since the runs: every forecast table is as it was (what was predicted
+    before the jobs ran); one table more gives the repriced errors, in-sample and not apart."""
+    before_page, _, _ = learned
+    build_learning(tmp_path / "l.db")
+    store = Store(tmp_path / "l.db")
+    attempts = timed(store.attempts())
+    for i, row in enumerate(attempts):
+        store.reprice(row["id"], {"predicted_time": 9.0, "prediction": {"calibration": 2}}, in_sample=False)
+        exact = i < 6  # the latest repricing counts: the first six exact and fitted to them, the rest 10% slow
+        store.reprice(row["id"], {"predicted_time": row["median"] * (1 if exact else 1.1),
+                                  "prediction": {"calibration": 3}}, in_sample=exact)
+    store.close()
+    code, _, stderr = report_cli("report", "-d", str(tmp_path / "l.db"), "-o", str(tmp_path / "out"))
+    assert code == 0, stderr
+    page = Page((tmp_path / "out" / "report.html").read_text())
+    *forecasts, _ = page.sections["predictions"]["tables"]
+    assert forecasts == before_page.sections["predictions"]["tables"]
+    befores = [abs(error(r)) for r in attempts]
+    cells = titled(page, "predictions", "in-sample")
+    assert [(c["re-priced by calibration"], c["in-sample"], int(c["attempts"])) for c in cells] == [
+        ("3", "no", 4), ("3", "yes", 6)]
+    assert [shown(c["median |error|, re-priced"]) for c in cells] == pytest.approx([10.0, 0.0], abs=0.05)
+    assert [shown(c["median |error| before they ran"]) for c in cells] == pytest.approx(
+        [100 * statistics.median(befores[6:]), 100 * statistics.median(befores[:6])], abs=0.05)

@@ -38,10 +38,12 @@ COLUMNS = (
     "physical_mesh_shapes", "host_ids", "device_ids", "remat_layer", "avg", "median", "p90",
     "max_memory", "error", "all_configs", "throughput", "compile_time", "predicted_time",
     "predicted_memory", "platform", "device_kind", "precision", "energy_per_iter", "predicted_energy",
-    "avg_power", "energy_source")  # a column an older DB lacks reads as absent (NaN)
+    "avg_power", "energy_source", "repriced_time", "repriced_calibration", "repriced_in_sample"
+)  # a column an older DB lacks reads as absent (NaN)
 NUMERIC = ("avg", "median", "p90", "max_memory", "throughput", "compile_time", "predicted_time",
            "predicted_memory", "energy_per_iter", "predicted_energy", "avg_power", "input_batch_size",
-           "num_micro_batches", "remat_layer", "num_auto_layers")
+           "num_micro_batches", "remat_layer", "num_auto_layers", "repriced_time", "repriced_calibration",
+           "repriced_in_sample")
 
 
 def attempts_frame(rows: Iterable[dict[str, Any]]) -> pd.DataFrame:

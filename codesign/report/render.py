@@ -68,6 +68,11 @@ CALIBRATION_COLUMNS: list[Column] = [
 RANK_COLUMNS: list[Column] = [
     ("model", "model", fmt.text), ("cluster", "cluster", fmt.text), ("plans", "plans", fmt.integer),
     ("Spearman", "spearman", fmt.number), ("predicted fastest / fastest, measured time", "chosen_vs_best", fmt.ratio)]
+REPRICED_COLUMNS: list[Column] = [
+    ("platform", "platform", fmt.text), ("re-priced by calibration", "calibration", fmt.text),
+    ("in-sample", "in_sample", fmt.text), ("attempts", "attempts", fmt.integer),
+    ("median |error|, re-priced", "repriced", fmt.percent),
+    ("median |error| before they ran", "before", fmt.percent)]
 MEMORY_COLUMNS: list[Column] = [
     ("platform", "platform", fmt.text), ("attempts", "attempts", fmt.integer),
     ("predicted below measured", "below", fmt.percent),
@@ -222,7 +227,9 @@ class Report:
                 "of degree > 1, and micro-batches) and by the calibration that priced it; per model and "
                 f"cluster with at least {tables.MIN_RANKED} measured plans, whether it ranks them in the "
                 "measured order; and how often the memory prediction, which must bound the peak from above "
-                "(an under-prediction is an OOM), fell below the measured peak.")
+                "(an under-prediction is an OOM), fell below the measured peak. Each is what was predicted "
+                "before the job ran; attempts priced again since (`codesign reprice`) are shown apart, last: "
+                "hindsight, in-sample where the calibration that priced them again was fitted to them.")
         title = "Predictions"
         if errors.empty:
             return Section("predictions", title, note, "No succeeded attempt recorded a prediction "
@@ -240,6 +247,10 @@ class Report:
         memory = tables.memory_bound(errors)
         if len(memory):
             shown.append(page.table(memory, MEMORY_COLUMNS, "Memory: is the prediction an upper bound?"))
+        repriced = tables.repriced_errors(self.frame)
+        if len(repriced):
+            shown.append(page.table(repriced, REPRICED_COLUMNS, "Time error re-priced since they ran: hindsight, "
+                                    "not forecasts"))
         return Section("predictions", title, note, images=images, tables=shown)
 
     def learning_tables(self, times: pd.DataFrame) -> list[page.Table]:
@@ -433,7 +444,7 @@ def write_report(db: str | Path, out: str | Path, codesign: str | Path | None = 
         raise StoreError(f"{db}: no results DB here; run codesign first (or pass -d PATH)")
     store = Store(db, read_only=True)
     try:
-        rows = store.attempts()
+        rows = store.attempts_repriced()
     finally:
         store.close()
     out = Path(out)

@@ -72,6 +72,23 @@ def calibration_version(configs: Any) -> str:
     return BASE_CALIBRATION if version is None else str(version)
 
 
+def repriced_errors(frame: pd.DataFrame) -> pd.DataFrame:
+    """Measured, succeeded attempts priced again since they ran (their latest repricing), per
+    platform, calibration and whether it was fitted to them: median |time error| as re-priced and
+    as predicted before they ran. Hindsight: kept apart from the forecasts' tables."""
+    ok = frame[~frame["simulated"] & frame["status"].eq(SUCCEEDED) & frame["repriced_time"].notna()
+               & frame["median"].gt(0)]
+    out = pd.DataFrame({"platform": ok["platform"],
+                        "calibration": ok["repriced_calibration"].map(
+                            lambda v: BASE_CALIBRATION if pd.isna(v) else f"{v:.0f}"),
+                        "in_sample": ok["repriced_in_sample"].map({1: "yes", 0: "no"}),
+                        "repriced": (ok["repriced_time"] / ok["median"] - 1).abs(),
+                        "before": (ok["predicted_time"] / ok["median"] - 1).abs()})
+    grouped = out.groupby(["platform", "calibration", "in_sample"], dropna=False)
+    return pd.DataFrame({"attempts": grouped.size(), "repriced": grouped["repriced"].median(),
+                         "before": grouped["before"].median()}).reset_index()
+
+
 def run_order(errors: pd.DataFrame) -> pd.DataFrame:
     """Time errors in the order the attempts ran (their ids), numbered from 0 per platform (a DB
     may hold two machines' runs), with the third of the platform's attempts each falls in."""
