@@ -430,18 +430,19 @@ def stage_floors(pricer: Pricer, sums: np.ndarray, devices: tuple[int, ...]) -> 
     by_shards = sums[:, len(TERMS):].reshape(len(sums), -1, 4)  # [candidate, shards, 4]: _layer_terms' per shard count
     job, n, micro = pricer.job, pricer.n, pricer.job.num_micro_batches
     w = pricer.workload(job.model, (counts.Work(params=params, sharded_params=sharded, tensors=tensors),))
-    floors = {}
+    floors, computes = {}, {}
     for axis, zero in itertools.product(MESH_AXES, (False, True)):
         plan = Plan((), micro, axis, False, zero, SCHEDULES[0], "chosen")
         found = []
         for dp, op in meshes(job, len(devices), axis):
             mesh = Submesh(devices, dp, op, axis)
-            kind, collectives = op_collective(w, counts.Work(sharded_params=weights), w.micro_batch / mesh.batch_shards,
-                                              mesh, mixers) if op > 1 else ("", 0.0)
-            forward, backward = _share(by_shards[:, pricer.shards.index(mesh.batch_shards)], mesh)
-            compute = Compute(fixed_f + forward, fixed_b + backward,
-                              **{"all_reduce" if kind == "op all-reduce" else "all_gather": collectives})
-            c = stage_cost(w, StagePlan(((0,),), devices, dp, op), 0, plan, n, 2, 1, compute)
+            if mesh not in computes:  # ZeRO-2 or not, a mesh computes alike
+                kind, collectives = op_collective(w, counts.Work(sharded_params=weights),
+                                                  w.micro_batch / mesh.batch_shards, mesh, mixers) if op > 1 else ("", 0.0)
+                forward, backward = _share(by_shards[:, pricer.shards.index(mesh.batch_shards)], mesh)
+                computes[mesh] = Compute(fixed_f + forward, fixed_b + backward,
+                                         **{"all_reduce" if kind == "op all-reduce" else "all_gather": collectives})
+            c = stage_cost(w, StagePlan(((0,),), devices, dp, op), 0, plan, n, 2, 1, computes[mesh])
             found.append(Floor(micro * (c.forward + c.backward) + c.update, c.forward, c.backward, c.update))
         if found:
             floors[axis, zero] = found
