@@ -14,6 +14,15 @@ num_zhen_layers = 1
 tokens = ["LINEAR", "DOT"]
 """
 
+# One virtual CPU device.
+ONE_CPU_DEVICE = """
+[[cluster_spec]]
+num_hosts = 1
+num_devices_per_host = 1
+transport = "NVLink"
+platform = "cpu"
+"""
+
 # Every mixer kind in each of two layers: pp 2 splits it, and each plan compiles in seconds.
 EVERY_MIXER_MODEL = """
 [[model]]

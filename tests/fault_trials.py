@@ -29,7 +29,7 @@ from codesign.config.hosts import Hosts
 from codesign.config.jobs import PlannedJob, enumerate_jobs
 from codesign.config.types import ClusterSpec, Job, ModelSpec, ParallelSpec, TrainingSpec
 from codesign.store.database import Store
-from tests.configs import SMALL_HEAD
+from tests.configs import ONE_CPU_DEVICE, SMALL_HEAD
 
 REPO = Path(__file__).resolve().parents[1]
 MARKER = "CODESIGN_FAULT_TRIAL"
@@ -37,13 +37,7 @@ ORPHAN_GRACE = 5.0  # seconds a job's processes get to die after their orchestra
 MAX_RERUNS = 6
 
 # Fake jobs (tests.fault_jobs): each starts a grandchild, "trains" a while, succeeds.
-FAKE_CONFIG = SMALL_HEAD + """
-[[cluster_spec]]
-num_hosts = 1
-num_devices_per_host = 1
-transport = "NVLink"
-platform = "cpu"
-""" + "".join(f"""
+FAKE_CONFIG = SMALL_HEAD + ONE_CPU_DEVICE + "".join(f"""
 [[parallel_spec]]
 description = "work {seconds}"
 num_micro_batches = [1]
