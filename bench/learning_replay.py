@@ -39,7 +39,7 @@ from codesign.cost.calibration import COMPONENTS
 from codesign.cost.model import Workload, estimate
 from codesign.hardware.profiles import BUILTIN, DeviceProfile
 from codesign.cost.learning import (EVIDENCE, LEARNING_PRIOR, REFIT_WINDOW, Calibration, Point, Priced, calibrated,
-                                       due, fit, plan_kinds, refit, with_factors)
+                                       counted, due, fit, plan_kinds, refit, with_factors)
 from codesign.cost.plan import make_plan
 from codesign.run.learning import read_points
 
@@ -73,7 +73,7 @@ def in_order(base: DeviceProfile, points: list[Point], prior: float, evidence: f
     current: Calibration | None = None
     last, errors = 0, []
     for i in range(len(points)):
-        if due(points[:i], last):
+        if due(*counted(points[:i]), last):
             found = refit(base, points[:i], current, i, 0.0, prior, evidence)
             last, current = i, (found if found.accepted else current)
         errors.append(priced.errors(calibrated(base, current), [i])[0])

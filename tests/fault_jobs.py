@@ -103,6 +103,10 @@ def main(job_path: str, outcome_path: str) -> None:
         # it ends once a spare process runs beside it (30 s at most), however slowly that one starts
         wait_until(spare_beside)
         note(f"{behaviour.split()[1]} {os.getpid()} {time.time() - process_age()} {time.time()}")
+    elif behaviour.startswith("measured"):
+        # "measured LABEL": succeeds at once with a step time and a peak, a point to learn from
+        write_outcome(outcome_path, Outcome("succeeded", metrics={"avg": 0.5, "median": 0.5, "max_memory": 1e6}))
+        return
     elif behaviour == "crash":
         print("about to crash", flush=True)
         raise RuntimeError("the job body crashed")

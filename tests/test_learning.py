@@ -98,6 +98,12 @@ def learner(cache: ProfileCache) -> Learner:
     return Learner.load(this_machine("cpu", Hosts.local(0)), cache, BASE)
 
 
+def learn(machine: Learner, point: Point) -> None:
+    """What a sweep does with a point, with no job running: add it, then refit where due."""
+    machine.learn(point)
+    if machine.refit_due():
+        machine.refit()
+
 
 def recorded_calibration(row: dict):
     return json.loads(row["all_configs"])["prediction"]["calibration"]
@@ -123,7 +129,7 @@ def test_a_refit_that_makes_held_out_error_worse_is_rejected_and_the_previous_on
     machine = learner(cache)
     assert machine.current == first
     for point in points(JOBS[:8], 1.0, first):
-        machine.learn(point)
+        learn(machine, point)
     versions = machine.versions()
     assert [(v.version, v.accepted) for v in versions] == [(1, True), (2, False)]
     assert versions[1].points == 8 and versions[1].previous_error < 1e-9 < versions[1].held_out_error
@@ -132,12 +138,17 @@ def test_a_refit_that_makes_held_out_error_worse_is_rejected_and_the_previous_on
 
 
 def test_a_refit_is_due_at_six_points_then_at_a_fifth_more(cache):
+    """Due by the pool's count, which the learner keeps without reading the pool (until its first
+    refit has read it, a refit may be due)."""
     machine = learner(cache)
-    fitted = []
+    fitted, due = [], []
     for point in points(JOBS, 1.5):
         machine.learn(point)
+        due.append(machine.refit_due())
+        machine.refit()
         fitted.append(len(machine.versions()))
     assert fitted == [0, 0, 0, 0, 0, 1, 1, 2, 2, 3, 3, 4]  # refits at 6, 8, 10 and 12 points
+    assert due == [True, False, False, False, False, True, False, True, False, True, False, True]
     assert machine.current.version == max(v.version for v in machine.versions() if v.accepted)
     assert all(v.held_out_error < v.previous_error for v in machine.versions() if v.accepted)
 
@@ -266,7 +277,7 @@ def test_codesign_profile_lists_the_machines_calibrations_without_measuring(tmp_
     assert none.out == "" and "no calibration of the cpu devices" in none.err
     machine = Learner.load(this_machine("cpu", Hosts.local(0)), ProfileCache(), BASE)
     for point in points(JOBS[:8], 1.5):
-        machine.learn(point)
+        learn(machine, point)
     assert main(["profile", "--platform", "cpu", "--calibrations"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines == [v.summary() for v in machine.versions()] and len(lines) == 2

@@ -25,19 +25,13 @@ from codesign.outcome import OOM
 from codesign.run.durable import STALE, lock_of, locked
 from codesign.run.learning import backup_of, calibration_versions
 from codesign.run.profile_cache import ProfileCache, this_machine
-from tests.configs import SMALL_HEAD
+from tests.configs import ONE_CPU_DEVICE, SMALL_HEAD
 from tests.conftest import db_rows, run_cli
-from tests.test_learning import BASE, JOBS, cache, job, learner, points, recorded_calibration  # noqa: F401
+from tests.test_learning import BASE, JOBS, cache, job, learn, learner, points, recorded_calibration  # noqa: F401
 
 CALIBRATION = Calibration(1, profile_id(BASE), tuple(dict.fromkeys(COMPONENTS, 1.2).items()), (), 1.1, 6, 0.1, 0.3,
                           True, 0.0)
-ONE_DEVICE = SMALL_HEAD + """
-[[cluster_spec]]
-num_hosts = 1
-num_devices_per_host = 1
-transport = "NVLink"
-platform = "cpu"
-
+ONE_DEVICE = SMALL_HEAD + ONE_CPU_DEVICE + """
 [[parallel_spec]]
 description = "one device"
 num_micro_batches = [1]
@@ -186,22 +180,23 @@ def oom_point() -> Point:
 
 def test_a_sweep_that_finds_another_refitting_still_raises_the_memory_bound(cache, monkeypatch):
     """b's OOM comes in while a refits: b skips the refit but raises the bound; a's refit, fitted
-    without b's point, does not lower it again."""
+    without b's point, is written with the bound b's point needs, not lower."""
     a, b = learner(cache), learner(cache)
-    for point in points(JOBS[:5]):
+    for point in points(JOBS[:6]):
         a.learn(point)
-    fitting, b_changed = learning.refit, []
+    fitting, b_changed, b_refitted = learning.refit, [], []
 
     def refit_while_b_learns(*args, **kwargs):
         b_changed.append(b.learn(oom_point()))
+        b_refitted.append(b.refit())
         return fitting(*args, **kwargs)
 
     monkeypatch.setattr(learning, "refit", refit_while_b_learns)
-    a.learn(points(JOBS[5:6])[0])
+    assert a.refit()
     bound = memory_bound(BASE, a.points())
-    assert b_changed == [True] and b.current.memory_factor == pytest.approx(bound) and bound > 1.5
-    assert a.current.memory_factor == pytest.approx(bound)
-    assert [(v.version, v.memory_only) for v in a.versions()] == [(1, True), (2, False), (3, True)]
+    assert b_changed == [True] and b_refitted == [False] and b.current.memory_factor == pytest.approx(bound)
+    assert bound > 1.5 and a.current.memory_factor == pytest.approx(bound)
+    assert [(v.version, v.memory_only) for v in a.versions()] == [(1, True), (2, False)]
 
 
 def test_a_raise_waits_for_another_sweeps_write_of_the_calibrations(cache):
@@ -234,7 +229,7 @@ def test_learning_takes_no_flock_which_nfs_may_refuse(cache, monkeypatch):
     monkeypatch.setattr(fcntl, "lockf", refused)
     machine = learner(cache)
     for point in points(JOBS[:6], 1.5):
-        machine.learn(point)
+        learn(machine, point)
     assert len(machine.points()) == 6 and machine.current.version == 1
     assert sorted(p.suffix for p in cache.root.iterdir()) == [".bak", ".json", ".jsonl"]  # every lock let go
 

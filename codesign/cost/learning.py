@@ -6,8 +6,9 @@ priced with, its measured step time and peak. A refit fits the profile's COMPONE
 side) to the points, by least squares of relative error drawn toward the base profile; it is kept
 only when its error on held-out points (the newest third, priced by a fit to the older ones) is
 lower than the current calibration's on the same points. Memory is learned as an upper bound (an under-prediction is an OOM): a high quantile
-of the factor each point's peak needs. Pure (numpy, scipy, the cost model); run.learning keeps
-the points and every version per machine.
+of the factor each point's peak needs, taken by each refit over every point; between refits each
+new point raises it alone (point_bound: one point priced, however large the pool). Pure (numpy,
+scipy, the cost model); run.learning keeps the points and every version per machine.
 """
 
 from __future__ import annotations
@@ -115,10 +116,15 @@ def calibrated(base: DeviceProfile, calibration: Calibration | None) -> DevicePr
     return dataclasses.replace(scaled(base, dict(calibration.factors)), calibration=layer)
 
 
-def due(points: Sequence[Point], last: int) -> bool:
-    """Refit now: enough timed points, all of them grown by a fifth since the last fit (to `last`
-    points; 0: none yet)."""
-    return sum(p.seconds is not None for p in points) >= MIN_POINTS and len(points) >= GROWTH * last
+def due(points: int, timed: int, last: int) -> bool:
+    """Refit now: enough of the `points` timed, and they have grown by a fifth since the last fit
+    (to `last` points; 0: none yet). Counts, not points: a sweep asks after every record."""
+    return timed >= MIN_POINTS and points >= GROWTH * last
+
+
+def counted(points: Sequence[Point]) -> tuple[int, int]:
+    """(points, timed points): what `due` takes."""
+    return len(points), sum(p.seconds is not None for p in points)
 
 
 def plan_kinds(plan: Plan) -> set[str]:
@@ -172,6 +178,17 @@ def needed_memory(base: DeviceProfile, point: Point, found: Estimate) -> float |
     return peak / found.peak_bytes if peak and found.peak_bytes > 0 else None
 
 
+def point_bound(base: DeviceProfile, point: Point) -> float | None:
+    """The memory factor the point alone needs: its peak within MEMORY_SLACK of its prediction or
+    under it, an oom attempt's plan over the device's memory; None where it measured no peak. A
+    bound raised by it covers the highest peak since the last refit, which takes it back to the
+    quantile of them all (memory_bound)."""
+    needed = needed_memory(base, point, estimate(Workload.of(point.job, base, point.links), point.plan))
+    if needed is None:
+        return None
+    return float(np.clip(needed if point.status == OOM else needed / (1 + MEMORY_SLACK), *FACTOR_BOUNDS))
+
+
 def memory_bound(base: DeviceProfile, points: Sequence[Point]) -> float:
     """The memory factor that puts MEMORY_QUANTILE of the points' peaks within MEMORY_SLACK of
     their prediction or under it, and every oom attempt's plan over the device's memory; 1
@@ -222,12 +239,12 @@ def with_factors(base: DeviceProfile, factors: dict[str, float], kinds: dict[str
     return dataclasses.replace(scaled(base, factors), calibration=Calibrated(tuple(kinds.items())))
 
 
-def raised(base: DeviceProfile, bound: float, current: Calibration | None, version: int,
+def raised(base: DeviceProfile, bound: float | None, current: Calibration | None, version: int,
            now: float) -> Calibration | None:
-    """The current calibration under a higher memory bound (memory_bound of the points), where
-    the points' peaks need one: an under-predicted peak is an OOM, so the bound rises at once,
-    without waiting for a refit."""
-    if bound <= (current.memory_factor if current else 1.0):
+    """The current calibration under a higher memory bound (point_bound of a new point), where
+    the point needs one: an under-predicted peak is an OOM, so the bound rises at once, without
+    waiting for a refit."""
+    if bound is None or bound <= (current.memory_factor if current else 1.0):
         return None
     if current is None:
         return Calibration(version, profile_id(base), tuple(dict.fromkeys(COMPONENTS, 1.0).items()), (), bound, 0,

@@ -20,11 +20,15 @@ The store's contract (Optuna's journal storage is the model). Beside the machine
 - Locks are lock files (O_CREAT | O_EXCL), which hold on NFS, where flock may not; one left by
   a crash is broken once stale.
 
-A sweep refits after a point when the points are due, holding KEY.refit.lock; a sweep finding
-it held skips the refit (the other sweep is refitting). The memory bound is never skipped: after
-every point each sweep raises it, waiting for the calibrations' lock, where the pool's peaks
-need it (an under-predicted peak is an OOM). CODESIGN_LEARNING=0 turns learning off (benches,
-tests), as `codesign run --no-learning` does.
+Recording a point costs the sweep the same however large the pool: the point is appended, and
+the memory bound raised, waiting for the calibrations' lock, where that point alone needs it (an
+under-predicted peak is an OOM); the pool is not read. A refit reads the pool and takes seconds
+(8-19 s at 300-1,200 points): it runs on a thread of its own (Refits) when the pool's count says
+it may be due, holding KEY.refit.lock; a sweep finding it held skips the refit (the other sweep
+is refitting). Its memory bound is written raised where a point added since it read the pool
+needs more, read under the calibrations' lock, so that no raise, this sweep's or another's, is
+lost. CODESIGN_LEARNING=0 turns learning off (benches, tests), as `codesign run --no-learning`
+does.
 """
 
 from __future__ import annotations
@@ -34,17 +38,19 @@ import dataclasses
 import json
 import logging
 import os
+import threading
 import time
+import traceback
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from codesign.config.loader import LinkSpec
 from codesign.config.types import Job
 from codesign.errors import PlanError
 from codesign.outcome import OOM, SUCCEEDED, Outcome
 from codesign.hardware.profiles import DeviceProfile, profile_id
-from codesign.cost.learning import Calibration, Point, calibrated, due, memory_bound, raised, refit
+from codesign.cost.learning import Calibration, Point, calibrated, counted, due, point_bound, raised, refit
 from codesign.cost.plan import Plan, make_plan
 from codesign.run.durable import append_line, claimed, lock_of, locked, write_atomically
 
@@ -71,6 +77,10 @@ class Learner:
     cache: ProfileCache
     base: DeviceProfile
     current: Calibration | None = None
+    # (points, timed points) in the pool as last read, with this learner's own since (None: not
+    # read yet): what says a refit may be due without reading the pool. A point another adds
+    # while a refit reads may be counted twice or not at all; the refit counts the pool itself.
+    pool: tuple[int, int] | None = None
 
     @classmethod
     def load(cls, machine: Machine, cache: ProfileCache, base: DeviceProfile) -> Learner:
@@ -91,6 +101,11 @@ class Learner:
         base = profile_id(self.base)
         return next((v for v in reversed(versions) if v.accepted and v.base == base), None)
 
+    def fitted(self, versions: Sequence[Calibration]) -> int:
+        """The points the last refit of this base profile was fitted to (0: none yet)."""
+        base = profile_id(self.base)
+        return next((v.points for v in reversed(versions) if v.base == base and not v.memory_only), 0)
+
     def versions(self) -> list[Calibration]:
         return calibration_versions(self.cache, self.machine)
 
@@ -103,33 +118,48 @@ class Learner:
         path = self.file("points.jsonl")
         path.parent.mkdir(parents=True, exist_ok=True)
         append_line(path, json.dumps(point.to_dict()))
+        if self.pool is not None:
+            self.pool = (self.pool[0] + 1, self.pool[1] + (point.seconds is not None))
 
     def learn(self, point: Point) -> bool:
-        """Add the point, refit when due (unless another sweep is refitting), and raise the memory
-        bound where the pool needs it; True when the calibration in use changed (here, or by
-        another sweep meanwhile)."""
+        """Add the point and raise the memory bound where it alone needs it; the pool is neither
+        read nor priced (a refit is `refit`'s). True when the calibration in use changed (here,
+        by a refit, or by another sweep meanwhile)."""
+        before = self.current
         self.add(point)
-        before, points = self.current, self.points()
-        with claimed(self.file("refit.lock"), REFIT_STALE) as mine:
-            if mine and self._refit(points):
-                points = self.points()  # and other sweeps' new ones, which the refit's bound lacks
-        bound = memory_bound(self.base, points)
+        bound = point_bound(self.base, point)
         self._append(lambda current, version: raised(self.base, bound, current, version, time.time()))
         return self.current != before
 
+    def refit_due(self) -> bool:
+        """Whether a refit may be due, by the pool's count (not read yet: perhaps); reads no pool."""
+        return self.pool is None or due(*self.pool, self.fitted(self.versions()))
+
+    def refit(self) -> bool:
+        """Refit when the pool makes one due, unless another sweep is refitting; True when a
+        version was written. Seconds long: a sweep runs it on a thread of its own (Refits)."""
+        with claimed(self.file("refit.lock"), REFIT_STALE) as mine:
+            return mine and self._refit(self.points())
+
     def _refit(self, points: list[Point]) -> bool:
-        """Refit when the points are due: fitted outside the calibrations' lock (it takes
-        seconds), numbered when it is written; True when it was."""
+        """Fitted outside the calibrations' lock (it takes seconds), numbered, and its memory bound
+        raised by the points added since, when it is written."""
+        self.pool = counted(points)
         versions = self.versions()
-        base = profile_id(self.base)
-        fitted = [v for v in versions if v.base == base and not v.memory_only]
-        if not due(points, fitted[-1].points if fitted else 0):
+        if not due(*self.pool, self.fitted(versions)):
             return False
         found = refit(self.base, points, self.latest(versions), len(versions) + 1, time.time())
-        self._append(lambda current, version: dataclasses.replace(found, version=version))
+        self._append(lambda current, version: dataclasses.replace(
+            found, version=version, memory_factor=self._covering(found.memory_factor, len(points))))
         log.info("calibration of the %s: held-out error %.1f%% against %.1f%%, %s", self.machine,
                  100 * found.held_out_error, 100 * found.previous_error, "accepted" if found.accepted else "rejected")
         return True
+
+    def _covering(self, bound: float, read: int) -> float:
+        """The bound, raised where a point added after the first `read` needs more. Under the
+        calibrations' lock: a point added later raises against the version written with it."""
+        needed = (point_bound(self.base, p) for p in self.points()[read:])
+        return max([bound, *(n for n in needed if n is not None)])
 
     def _append(self, new: Callable[[Calibration | None, int], Calibration | None]) -> None:
         """Under the calibrations' lock (waiting for it): the version `new` makes of the latest
@@ -143,7 +173,7 @@ class Learner:
             if found is not None:
                 versions.append(found)
                 self._save(versions)
-        self.current = self.latest(versions)
+            self.current = self.latest(versions)  # under the lock: a refit's thread and the sweep's in turn
 
     def _save(self, versions: list[Calibration]) -> None:
         """Replace the versions' file, then its last good copy, each whole."""
@@ -152,6 +182,53 @@ class Learner:
         text = json.dumps({"machine": str(self.machine), "versions": [v.to_dict() for v in versions]}, indent=1)
         write_atomically(path, text)
         write_atomically(backup_of(path), text)
+
+
+class Refits:
+    """A sweep's refits, one at a time, each on a thread of its own: no job waits on one, and the
+    sweep goes on timing its jobs meanwhile. The sweep says when one may start (`start`)."""
+
+    def __init__(self, learners: Mapping[str, Learner]):
+        self.learners = learners  # platform -> learner, as the sweep's pricing holds them
+        self.due: set[str] = set()  # platforms whose new points may have made a refit due
+        self.thread: threading.Thread | None = None
+
+    def added(self, platform: str) -> None:
+        """The platform's learner has a new point: a refit may now be due."""
+        learner = self.learners.get(platform)
+        if learner is not None and learner.refit_due():
+            self.due.add(platform)
+
+    @property
+    def busy(self) -> bool:
+        return self.thread is not None and self.thread.is_alive()
+
+    @property
+    def pending(self) -> bool:
+        """A refit runs, or is due to."""
+        return self.busy or bool(self.due)
+
+    def start(self) -> None:
+        """Start a due refit, unless one runs."""
+        if self.busy or not self.due:
+            return
+        learner = self.learners.get(self.due.pop())
+        if learner is not None:
+            self.thread = threading.Thread(target=refit_logged, args=(learner,), name="codesign-refit", daemon=True)
+            self.thread.start()
+
+    def wait(self, seconds: float | None = None) -> None:
+        """Wait for the running refit to end, `seconds` at most (None: however long it takes)."""
+        if self.thread is not None:
+            self.thread.join(seconds)
+
+
+def refit_logged(learner: Learner) -> None:
+    """A refit on its thread: a failure is logged, and the calibration in use stays."""
+    try:
+        learner.refit()
+    except Exception:
+        log.warning("the cost model of the %s could not refit:\n%s", learner.machine, traceback.format_exc())
 
 
 def learning_file(cache: ProfileCache, machine: Machine, suffix: str) -> Path:

@@ -7,6 +7,13 @@ the traceback's tail; one while recording a finished job records the job's own o
 traceback beside its error (its measurements are never lost); the sweep goes on. SIGINT or
 SIGTERM only set a flag, which the loop acts on between steps (so a finished result is always
 recorded): it kills the running jobs, records them `interrupted` (a rerun retries them) and stops.
+
+The cost model learns beside the loop: recording a point costs the same however many the
+machine has, and a refit runs on a thread of its own (run.learning.Refits), so no job's
+timeout or duration waits on one. Where jobs share the orchestrator's cores (virtual CPU
+devices), a refit never runs beside one: it would slow the very steps it learns from. It waits
+for the host's jobs to end, and no such job starts until it has; on GPUs it runs beside them.
+The last refit due ends before the sweep returns.
 """
 
 from __future__ import annotations
@@ -30,12 +37,13 @@ from codesign.errors import PlanError
 from codesign.outcome import FAILED, INTERRUPTED, INVALID, METRIC_COLUMNS, OOM, SIMULATED, Outcome
 from codesign.planner.auto import Candidate, NoPlanFits, choose_plan
 from codesign.planner.columns import plan_columns
+from codesign.cost.learning import Calibration
 from codesign.cost.model import predict, recorded
 from codesign.cost.plan import Plan, make_plan
 from codesign.planner.power_limits import by_device
 from codesign.hardware.profiles import DeviceProfile, ProfileBook, profile_id
 from codesign.run.profile_cache import Profiles
-from codesign.run.learning import point_of
+from codesign.run.learning import Refits, point_of
 from codesign.run.reprice import prediction, stale, with_provenance
 from codesign.config.loader import LinkSpec
 from codesign.config.jobs import PlannedJob, job_timeout
@@ -176,6 +184,10 @@ class Pricing:
     profiles: Profiles = field(default_factory=lambda: Profiles(ProfileBook()))
     links: tuple[LinkSpec, ...] = ()
     priced_by: dict[str, DeviceProfile] = field(default_factory=dict)  # profile id -> each profile that priced
+    in_use: dict[str, Calibration | None] = field(init=False)  # platform -> the calibration its jobs are priced by
+
+    def __post_init__(self) -> None:
+        self.in_use = {platform: learner.current for platform, learner in self.profiles.learners.items()}
 
     def provenance(self, found: dict[str, Any], job: Job) -> dict[str, Any]:
         """A prediction with what made it; the profile kept by its id, which a refit may replace in the book."""
@@ -213,15 +225,26 @@ class Pricing:
         """A chosen plan's prediction, recorded as a manual plan's is."""
         return self.provenance(recorded(candidate.estimate, self.book.for_job(job)), job)
 
-    def learn(self, job: Job, outcome: Outcome, source: str) -> None:
-        """A measured attempt of this machine is a point of its cost model; jobs priced after a
-        refit it accepted are priced by the new calibration (run.learning)."""
+    def learn(self, job: Job, outcome: Outcome, source: str) -> bool:
+        """A measured attempt of this machine is a point of its cost model (run.learning); True
+        when it was one (a refit may be due)."""
         learner = self.profiles.learners.get(job.platform)
         if learner is None or job.cluster.is_simulated:
-            return
+            return False
         point = point_of(job, outcome, self.links, source, profile_id(learner.base))
-        if point is not None and learner.learn(point):
-            self.book.add(learner.profile)
+        if point is None:
+            return False
+        learner.learn(point)
+        self.use_learned()
+        return True
+
+    def use_learned(self) -> None:
+        """Jobs priced from now on are priced by each learner's calibration in use, where it
+        changed: a raised memory bound, a refit it accepted, or another sweep's."""
+        for platform, learner in self.profiles.learners.items():
+            if self.in_use.get(platform) != learner.current:
+                self.in_use[platform] = learner.current
+                self.book.add(learner.profile)
 
     def with_trials(self, job: Job, outcome: Outcome, candidates: Sequence[Candidate]) -> Outcome:
         """A job that trialled several chosen plans ran the fastest as measured: its prediction
@@ -252,6 +275,7 @@ class Sweep:
         self.logs, self.stop_flag = logs, stop or StopFlag()
         self.kept_profiles: set[str] = set()
         self.heartbeat = Heartbeat(store.path, HEARTBEAT_EVERY)  # beats each attempt from claim to close
+        self.refits = Refits(self.pricing.profiles.learners)
         self.version = __version__
         self.summary = SweepSummary()
         self.progress = tqdm(total=len(planned), desc="jobs", unit="job", dynamic_ncols=True,
@@ -262,12 +286,15 @@ class Sweep:
             with self.heartbeat:
                 while self.queue or self.running:
                     self.stop_flag.check()
+                    self.refit_when_free()
                     self.start_what_fits()
                     if not self.running:
+                        self.refits.wait(POLL_EVERY)  # what holds the queue back, if anything: a refit
                         continue
                     for handle, outcome in self.executor.wait([a.handle for a in self.running], POLL_EVERY):
                         self.record(next(a for a in self.running if a.handle is handle), outcome)
                 self.stop_flag.check()
+                self.finish_refits()
         except BaseException as err:
             self.stop(err)
             raise
@@ -276,14 +303,34 @@ class Sweep:
             self.progress.close()
         return self.summary
 
+    def refit_when_free(self) -> None:
+        """Price by what the last refit found; start a due one unless a job sharing the
+        orchestrator's cores runs."""
+        self.pricing.use_learned()
+        if self.refits.pending and not any(self.shares_cores(a.item.job) for a in self.running):
+            self.refits.start()
+
+    def finish_refits(self) -> None:
+        """The jobs are over: the refits due run, one after another, minding the stop flag."""
+        while self.refits.pending:
+            self.refits.start()
+            self.refits.wait(POLL_EVERY)
+            self.stop_flag.check()
+        self.pricing.use_learned()
+
+    def shares_cores(self, job: Job) -> bool:
+        return self.pricing.book.for_job(job).shares_cores
+
     def start_what_fits(self) -> None:
-        """Claim and start jobs in order while the cap and the executor allow; a simulated job is
-        recorded with its prediction and never started."""
+        """Claim and start jobs in order while the cap and the executor allow, and no refit is
+        due or running where the job would share its cores; a simulated job is recorded with its
+        prediction and never started."""
         while self.queue and len(self.running) < self.max_concurrent:
             item = self.queue[0]
             simulated = item.job.platform == "sim"
-            if not (item.unavailable or simulated) and not self.executor.can_start(
-                    item.job, [a.handle for a in self.running]):
+            if not (item.unavailable or simulated) and (
+                    not self.executor.can_start(item.job, [a.handle for a in self.running])
+                    or self.refits.pending and self.shares_cores(item.job)):
                 return
             if not item.unavailable and not self.profile_ready(item):
                 return
@@ -400,7 +447,8 @@ class Sweep:
     def learn(self, attempt: Attempt, outcome: Outcome) -> None:
         """The cost model learns from the recorded attempt; a failure to learn is logged and the sweep goes on."""
         try:
-            self.pricing.learn(attempt.item.job, outcome, f"{Path(self.store.path).resolve()}#{attempt.attempt_id}")
+            if self.pricing.learn(attempt.item.job, outcome, f"{Path(self.store.path).resolve()}#{attempt.attempt_id}"):
+                self.refits.added(attempt.item.job.platform)
         except Exception:
             log.warning("attempt %d: the cost model could not learn from it:\n%s", attempt.attempt_id,
                         traceback.format_exc())
