@@ -22,6 +22,7 @@ it: the same goals as bench_learning's, per noise level and per made-up machine 
     python bench/learning_replay.py /tmp/bl/run1 /tmp/bl/run2 --priors 0.03 0.3 1
     python bench/learning_replay.py --synthetic 0.01 0.03 0.09 --seeds 3
     python bench/learning_replay.py --time-refits 300 600 1200   # seconds of one refit per pool size
+    python bench/learning_replay.py --time-records 300 1200      # a record's memory bound per pool size
 """
 
 from __future__ import annotations
@@ -39,7 +40,8 @@ from codesign.cost.calibration import COMPONENTS
 from codesign.cost.model import Workload, estimate
 from codesign.hardware.profiles import BUILTIN, DeviceProfile
 from codesign.cost.learning import (EVIDENCE, LEARNING_PRIOR, REFIT_WINDOW, Calibration, Point, Priced, calibrated,
-                                       counted, due, fit, plan_kinds, refit, with_factors)
+                                       counted, due, fit, memory_bound, plan_kinds, point_bound, refit,
+                                       with_factors)
 from codesign.cost.plan import make_plan
 from codesign.run.learning import read_points
 
@@ -120,6 +122,20 @@ def time_refits(sizes: list[int], prior: float, evidence: float, window: int | N
         print(f"refit of {size} points (window {window or size}): {time.perf_counter() - began:.1f} s")
 
 
+def time_records(sizes: list[int]) -> None:
+    """Wall seconds of a recorded point's memory bound at each pool size: the pool's, as every
+    record priced it before 323c652, against the new point's alone, as it does now."""
+    base, points = synthetic(0.05, 0.25, 0)
+    for size in sizes:
+        pool = (points * (size // len(points) + 1))[:size]
+        began = time.perf_counter()
+        memory_bound(base, pool)
+        middle = time.perf_counter()
+        point_bound(base, pool[-1])
+        print(f"memory bound at {size} points: the pool's {middle - began:.2f} s, "
+              f"the new point's alone {1e3 * (time.perf_counter() - middle):.1f} ms")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("runs", nargs="*", type=Path, help="bench_learning.py --out folders")
@@ -130,6 +146,8 @@ def main() -> int:
                         help="Log-normal spread of the made-up machines' component factors (plan kinds': half).")
     parser.add_argument("--time-refits", nargs="+", type=int, default=[], metavar="POINTS",
                         help="Time one refit of a pool of each size, with the window in use and with none.")
+    parser.add_argument("--time-records", nargs="+", type=int, default=[], metavar="POINTS",
+                        help="Time a recorded point's memory bound at each pool size: the pool's, and its own.")
     parser.add_argument("--priors", nargs="+", type=float, default=[0.03, LEARNING_PRIOR])
     parser.add_argument("--evidence", nargs="+", type=float, default=[EVIDENCE],
                         help="Standard errors by which a refit must beat the current calibration.")
@@ -146,6 +164,7 @@ def main() -> int:
             print_synthetic(args.synthetic, args.truth_spread, args.seeds, prior, evidence)
         for window in (REFIT_WINDOW, None) if args.time_refits else ():
             time_refits(args.time_refits, prior, evidence, window)
+    time_records(args.time_records)
     return 0
 
 
