@@ -28,6 +28,7 @@ it: the same goals as bench_learning's, per noise level and per made-up machine 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import json
 import time
@@ -55,7 +56,9 @@ def recorded(run: Path) -> tuple[DeviceProfile, list[Point]]:
     points = read_points(pool)
     kept = cache / pool.name.replace(".points.jsonl", ".json")
     base = DeviceProfile.from_dict(json.loads(kept.read_text())["profile"]) if kept.exists() else BUILTIN["cpu"]
-    return base, [p for p in points if p.seconds]
+    # bench_learning ran its jobs one at a time, at full power: points recorded before points said so ran so
+    alone = {"power_limits": (), "jobs_beside": 0}
+    return base, [p if p.jobs_beside is not None else dataclasses.replace(p, **alone) for p in points if p.seconds]
 
 
 def two_fold(base: DeviceProfile, points: list[Point], prior: float) -> tuple[float, float]:

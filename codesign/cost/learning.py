@@ -1,10 +1,11 @@
 """The cost model that learns: a machine's calibration, refitted from the attempts measured on it.
 
 A point is one attempt measured on the machine: its job, the plan that ran, the links it was
-priced with, its measured step time and peak. A refit fits the profile's COMPONENTS
-(cost.calibration) and a time factor per plan kind (plan.stage_kind: each kind errs on its own
-side) to the points, by least squares of relative error drawn toward the base profile; it is kept
-only when its error on held-out points (the newest third, priced by a fit to the older ones) is
+priced with, its measured step time and peak, and how it ran. A refit fits the profile's
+COMPONENTS (cost.calibration) and a time factor per plan kind (plan.stage_kind: each kind errs
+on its own side) to the points that ran as the sweep prices plans (`comparable`), by least
+squares of relative error drawn toward the base profile; it is kept only when its error on
+held-out points (the newest third, priced by a fit to the older ones) is
 lower than the current calibration's on the same points. Memory is learned as an upper bound (an under-prediction is an OOM): a high quantile
 of the factor each point's peak needs, taken by each refit over every point; between refits each
 new point raises it alone (point_bound: one point priced, however large the pool). Pure (numpy,
@@ -48,7 +49,10 @@ MEMORY_SLACK = 0.025  # ...to within this share: an under-prediction by more tha
 
 @dataclass(frozen=True)
 class Point:
-    """One attempt measured on this machine, with what prices it again."""
+    """One attempt measured on this machine: what prices it again, and how it ran beyond what the
+    cost model prices (its job holds its precision, which the workload prices). Only a point
+    that ran as the sweep prices plans fits time factors (`comparable`). None: not recorded (a
+    point from before points said how they ran)."""
 
     job: Job
     plan: Plan  # the plan that ran: the toolkit's choice, or the manual spec's
@@ -58,17 +62,53 @@ class Point:
     peak: float | None  # measured peak bytes per device
     source: str  # "DB#attempt id": which attempt of which DB it is (no DB is read back for it)
     base: str = ""  # the profile id of the machine's base profile when it was measured
+    power_limits: tuple[tuple[int, float], ...] | None = ()  # watts per job device its guard set (none: full power)
+    jobs_beside: int | None = 0  # the most jobs that ran beside it at once on its host
+    devices: tuple[int, ...] = ()  # the GPU ids it ran on (none on CPU, or not recorded)
+    engine: tuple[tuple[str, Any], ...] | None = None  # the engine options its steps were built with
+    calibration: int | None = None  # the calibration version that priced it (0: the base profile)
 
     def to_dict(self) -> dict[str, Any]:
         return {"job": self.job.to_dict(), "plan": self.plan.to_dict(),
                 "links": [dataclasses.asdict(link) for link in self.links], "status": self.status,
-                "seconds": self.seconds, "peak": self.peak, "source": self.source, "base": self.base}
+                "seconds": self.seconds, "peak": self.peak, "source": self.source, "base": self.base,
+                "power_limits": _listed(self.power_limits), "jobs_beside": self.jobs_beside,
+                "devices": list(self.devices), "engine": None if self.engine is None else dict(self.engine),
+                "calibration": self.calibration}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Point:
+        limits, engine = data.get("power_limits"), data.get("engine")
         return cls(Job.from_dict(data["job"]), Plan.from_dict(data["plan"]),
                    tuple(LinkSpec(**link) for link in data["links"]), data["status"], data["seconds"],
-                   data["peak"], data["source"], data.get("base", ""))
+                   data["peak"], data["source"], data.get("base", ""),
+                   None if limits is None else tuple((int(d), float(w)) for d, w in limits),
+                   data.get("jobs_beside"), tuple(data.get("devices") or ()),
+                   None if engine is None else tuple(engine.items()), data.get("calibration"))
+
+
+def _listed(pairs: tuple[tuple[Any, Any], ...] | None) -> list[list[Any]] | None:
+    return None if pairs is None else [list(pair) for pair in pairs]
+
+
+def comparable(points: Sequence[Point]) -> list[int]:
+    """The points (their indices) that ran as the sweep prices plans: alone on their host, at full
+    power, with the engine options of the newest point of their precision (the engine as it
+    builds steps now; none recorded matches none). A point that does not say is not: its time
+    may hold a power limit's or a neighbour's slowdown, which the time factors would absorb.
+    Every point still bounds memory: neither changes a device's peak."""
+    engines = {p.job.training.precision: p.engine for p in points}
+    return [i for i, p in enumerate(points) if ran_alone(p) and p.engine == engines[p.job.training.precision]]
+
+
+def ran_alone(point: Point) -> bool:
+    """Alone on its host, at full power: as the sweep prices a plan."""
+    return point.power_limits == () and point.jobs_beside == 0
+
+
+def fitted_points(points: Sequence[Point]) -> list[int]:
+    """The points (their indices) a refit fits time factors to: comparable ones with a measured time."""
+    return [i for i in comparable(points) if points[i].seconds]
 
 
 @dataclass(frozen=True)
@@ -123,8 +163,8 @@ def due(points: int, timed: int, last: int) -> bool:
 
 
 def counted(points: Sequence[Point]) -> tuple[int, int]:
-    """(points, timed points): what `due` takes."""
-    return len(points), sum(p.seconds is not None for p in points)
+    """(points, timed points a refit fits: fitted_points): what `due` takes."""
+    return len(points), len(fitted_points(points))
 
 
 def plan_kinds(plan: Plan) -> set[str]:
@@ -206,12 +246,12 @@ def memory_bound(base: DeviceProfile, points: Sequence[Point]) -> float:
 def refit(base: DeviceProfile, points: Sequence[Point], current: Calibration | None, version: int,
           now: float, prior: float = LEARNING_PRIOR, evidence: float = EVIDENCE,
           window: int = REFIT_WINDOW) -> Calibration:
-    """A new calibration of the base profile from the newest `window` timed points, judged
-    forward: a fit to all but the newest HELD_OUT of them prices those, against the current
-    calibration (None: the base profile) on the same points; kept, fitted again to all of them,
-    only when it errs less there (the points it will price next are new ones, not a random fold
-    of old ones). The memory bound covers every point."""
-    timed = [i for i, p in enumerate(points) if p.seconds][-window:]
+    """A new calibration of the base profile from the newest `window` timed comparable points
+    (fitted_points), judged forward: a fit to all but the newest HELD_OUT of them prices those,
+    against the current calibration (None: the base profile) on the same points; kept, fitted
+    again to all of them, only when it errs less there (the points it will price next are new
+    ones, not a random fold of old ones). The memory bound covers every point."""
+    timed = fitted_points(points)[-window:]
     priced = Priced(base, [points[i] for i in timed])
     held_out = max(2, round(HELD_OUT * len(timed)))
     older, newest = range(len(timed) - held_out), range(len(timed) - held_out, len(timed))

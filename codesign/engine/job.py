@@ -122,6 +122,7 @@ def run_job(job: Job, chosen: Sequence[Plan] = ()) -> Outcome:
         outcome.chosen_plan = plan.to_dict()
     if trials:
         outcome.metrics["auto_trials"] = trials
+    outcome.metrics["engine_options"] = options.to_dict()  # how its steps were built: a point says so
     power = gpu_power.record(os.environ)  # the power limits it was given, and whether its guard set them
     if power:
         outcome.metrics["power"] = power

@@ -7,6 +7,7 @@ pipeline, the ZHEN modules) receive them, and benches vary them with `dataclasse
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -32,6 +33,10 @@ class EngineOptions:
     # The convolution backward's sums as one variadic reduction (one XLA:CPU kernel), or one
     # reduction per term, as XLA:GPU ran the differentiated convolution's.
     one_reduction_sums: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        """As an outcome records them (JSON: a whole_leaf of infinity, no leaf kept whole, as None)."""
+        return {**dataclasses.asdict(self), "whole_leaf": None if math.isinf(self.whole_leaf) else self.whole_leaf}
 
 
 def engine_options(platform: str, precision: str) -> EngineOptions:

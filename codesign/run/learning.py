@@ -8,7 +8,9 @@ The store's contract (Optuna's journal storage is the model). Beside the machine
   (run.durable). A point a sweep has added survives a crash of the sweep or of the machine. A
   reader takes no lock and skips a line that does not read (a torn last line: a crash
   mid-append, or a line being written), saying so once per file and process; the next append
-  ends a torn line first, so that it alone is lost. No DB is read back or written for it.
+  ends a torn line first, so that it alone is lost. No DB is read back or written for it. A
+  point says how it ran (cost.learning.Point); a line written before points did reads with
+  those fields None, not recorded: such a point bounds memory but fits no time factor.
 - KEY.calibrations.json: every calibration version fitted to them, accepted or not, oldest
   first (cost.learning). Never edited: under KEY.calibrations.json.lock a writer reads the
   versions, appends one and replaces the file whole (a temporary file fsynced, renamed over
@@ -50,7 +52,8 @@ from codesign.config.types import Job
 from codesign.errors import PlanError
 from codesign.outcome import OOM, SUCCEEDED, Outcome
 from codesign.hardware.profiles import DeviceProfile, profile_id
-from codesign.cost.learning import Calibration, Point, calibrated, counted, due, point_bound, raised, refit
+from codesign.cost.learning import (Calibration, Point, calibrated, counted, due, point_bound, raised, ran_alone,
+                                   refit)
 from codesign.cost.plan import Plan, make_plan
 from codesign.run.durable import append_line, claimed, lock_of, locked, write_atomically
 
@@ -77,7 +80,7 @@ class Learner:
     cache: ProfileCache
     base: DeviceProfile
     current: Calibration | None = None
-    # (points, timed points) in the pool as last read, with this learner's own since (None: not
+    # (points, timed points a refit fits) in the pool as last read, with its own since (None: not
     # read yet): what says a refit may be due without reading the pool. A point another adds
     # while a refit reads may be counted twice or not at all; the refit counts the pool itself.
     pool: tuple[int, int] | None = None
@@ -119,7 +122,7 @@ class Learner:
         path.parent.mkdir(parents=True, exist_ok=True)
         append_line(path, json.dumps(point.to_dict()))
         if self.pool is not None:
-            self.pool = (self.pool[0] + 1, self.pool[1] + (point.seconds is not None))
+            self.pool = (self.pool[0] + 1, self.pool[1] + bool(point.seconds and ran_alone(point)))
 
     def learn(self, point: Point) -> bool:
         """Add the point and raise the memory bound where it alone needs it; the pool is neither
@@ -290,7 +293,8 @@ def _warn_once(path: Path, message: str, *args: Any) -> None:
 
 def point_of(job: Job, outcome: Outcome, links: Sequence[LinkSpec], source: str, base: str) -> Point | None:
     """The attempt as a point: succeeded with a measured median and peak, or oom with a plan;
-    None for any other (nothing measured, or no plan: Auto search that found none)."""
+    None for any other (nothing measured, or no plan: Auto search that found none). It says how
+    it ran as the outcome recorded it (how_it_ran)."""
     metrics: dict[str, Any] = outcome.metrics
     measured = outcome.status == SUCCEEDED and metrics.get("median") and metrics.get("max_memory")
     if not (measured or outcome.status == OOM):
@@ -303,4 +307,18 @@ def point_of(job: Job, outcome: Outcome, links: Sequence[LinkSpec], source: str,
     if plan is None:
         return None
     return Point(job, plan, tuple(links), outcome.status, metrics.get("median") if measured else None,
-                 metrics.get("max_memory"), source, base)
+                 metrics.get("max_memory"), source, base, **how_it_ran(metrics))
+
+
+def how_it_ran(metrics: dict[str, Any]) -> dict[str, Any]:
+    """Point's fields of how an attempt ran, from its outcome's metrics: the power limits its
+    guard set (gpu_power.record; none given, or not set: full power), the jobs beside it (the
+    sweep's count; None where no sweep counted), its GPUs, its engine options (the job body's),
+    the calibration that priced it (0: the base profile; None: not priced)."""
+    power = metrics.get("power") or {}
+    limits = tuple(sorted((int(d), float(w)) for d, w in power["limits"].items())) if power.get("applied") else ()
+    engine = metrics.get("engine_options")
+    priced = metrics.get("prediction")
+    return {"power_limits": limits, "jobs_beside": metrics.get("jobs_beside"),
+            "devices": tuple(metrics.get("gpu_ids") or ()), "engine": None if engine is None else tuple(engine.items()),
+            "calibration": None if priced is None else priced.get("calibration") or 0}

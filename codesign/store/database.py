@@ -57,7 +57,7 @@ NOW = "((julianday('now') - 2440587.5) * 86400.0)"  # the DB clock, in unix seco
 # count, so a plain rerun runs their jobs (codesign 0.1.0 recorded every Auto search job so).
 RETIRED_ERRORS = ("Auto search is not supported yet",)
 # What an outcome reports beside the metric columns, kept under its name in all_configs.
-CONFIG_METRICS = ("losses", "prediction", "auto_search", "auto_trials", "energy", "power")
+CONFIG_METRICS = ("losses", "prediction", "auto_search", "auto_trials", "energy", "power", "engine_options")
 SQLITE_HEADER = b"SQLite format 3\x00"
 
 
