@@ -4,13 +4,15 @@ Goals (issues 23, 46): the 79,705 equal-capacity candidates of the default space
 H100 clusters of 8, 16 and 64 GPUs (bench/plan_sim.toml) in at most 60 s on 2 cores; with layer
 groups (bench/codesign_groups.toml: num_auto_layers = 4, micro-batches [1, 4]) in at most 60 s, and
 with the users' fixture Auto specs (groups 2 and 4, micro-batches [1, 2, 4]) in at most 3 minutes,
-each under 4 GB of peak memory; on 4 virtual CPU devices, the predicted ranking of small candidates
+each process under 4 GB of peak memory (a cluster's targets rank in one process, the clusters in
+parallel, as `codesign search --rank` ranks them; `--workers 1`: all in one); on 4 virtual CPU devices, the predicted ranking of small candidates
 against their measured one (every candidate run): Spearman at least 0.8, the predicted best within
 10% of the measured best. Prints figures; asserts nothing. Run it under `flock /tmp/codesign-bench.lock`.
 
     python bench/bench_codesign.py              # both parts
     python bench/bench_codesign.py --part time  # the ranking times only
     python bench/bench_codesign.py --part cpu   # the CPU runs only (a few minutes)
+    python bench/bench_codesign.py --ranking groups --precision bf16 --workers 1  # one ranking, one process
 """
 
 from __future__ import annotations
@@ -72,8 +74,9 @@ def ranked_config(name: str, fixture: Path, precision: str):
     return dataclasses.replace(config, training=dataclasses.replace(config.training, precision=precision))
 
 
-def time_ranking(name: str, fixture: Path, precision: str) -> None:
-    """Rank the default space on one RANKINGS config, in process, one target at a time."""
+def time_ranking(name: str, fixture: Path, precision: str, workers: int | None) -> None:
+    """Rank the default space on one RANKINGS config, as `codesign search --rank` does (a cluster's
+    targets in one process, the clusters in parallel; `workers` 1: all in this one)."""
     from codesign.cli import build_search_parser
     from codesign.planner import ranking
     from codesign.hardware.profiles import ProfileBook
@@ -83,23 +86,18 @@ def time_ranking(name: str, fixture: Path, precision: str) -> None:
     where, goal = RANKINGS[name]
     query = search.search_from_args(build_search_parser().parse_args([]))
     start = time.perf_counter()
-    found = ranking.candidates(query)
-    print(f"candidates: {len(found):,} in {time.perf_counter() - start:.2f} s", flush=True)
+    found, rankings = ranking.rank(query, config, ProfileBook(), lambda cluster: "sim", ranking.DEFAULT_TOP,
+                                   workers=workers)
     total = time.perf_counter() - start
-    targets, book, prices = ranking.targets(config, lambda cluster: "sim"), ProfileBook(), {}
-    for target in targets:
-        began = time.perf_counter()
-        ranked = ranking.rank_target(target, config.training, book, config.links, found, ranking.DEFAULT_TOP,
-                                     prices=prices)
-        seconds = time.perf_counter() - began
-        total += seconds
+    for ranked in rankings:
         best = int(ranked.top(1)[0])
-        print(f"{target.describe()}: {seconds:.2f} s, {int(ranked.searched.sum())} searched in full; best "
+        print(f"{ranked.target.describe()}: {int(ranked.searched.sum())} searched in full; best "
               f"{found.model(best).summary()} at {ranked.global_batch / ranked.seconds[best]:,.0f} samples/s "
               f"({ranked.plans[best]})", flush=True)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
-    print(f"ranking time, {precision}, {len(found):,} candidates on {len(targets)} targets of {where}: {total:.1f} s "
-          f"(goal: at most {goal} s); peak memory {peak:.2f} GiB (goal: under 4 GB)", flush=True)
+    peak = max(resource.getrusage(who).ru_maxrss for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)) / 2**20
+    print(f"ranking time, {precision}, {len(found):,} candidates on {len(rankings)} targets of {where}: {total:.1f} s "
+          f"(goal: at most {goal} s), {'in one process' if workers == 1 else 'a process per cluster'}; peak memory of a process "
+          f"{peak:.2f} GiB (goal: under 4 GB)", flush=True)
 
 
 def time_all(fixture: Path) -> None:
@@ -140,9 +138,10 @@ def main() -> None:
     parser.add_argument("--ranking", choices=tuple(RANKINGS), help="Time this ranking alone, in this process.")
     parser.add_argument("--fixture", type=Path, default=FIXTURE, help="The users' config whose Auto specs are ranked.")
     parser.add_argument("--precision", choices=PRECISIONS, default="fp32", help="With --ranking: the training precision.")
+    parser.add_argument("--workers", type=int, help="With --ranking: processes ranking clusters (default: one per core).")
     args = parser.parse_args()
     if args.ranking:
-        time_ranking(args.ranking, args.fixture, args.precision)
+        time_ranking(args.ranking, args.fixture, args.precision, args.workers)
         return
     if args.part in ("time", "both"):
         time_all(args.fixture)

@@ -157,6 +157,27 @@ def test_pruning_keeps_the_unpruned_winners(tmp_path, device):
     assert np.all(pruned.seconds >= full.seconds * (1 - 1e-9))  # a pruned candidate keeps a real plan's time
 
 
+def test_clusters_ranked_in_worker_processes_rank_as_in_one(tmp_path):
+    """Each cluster's targets in a process of its own give the figures of one process, in the
+    config's order of targets."""
+    path = config_file(tmp_path, batch=64, groups=2)
+    path.write_text(path.read_text().replace("num_micro_batches = [2]", "num_micro_batches = [1, 2]") + """
+[[cluster_spec]]
+num_hosts = 2
+num_devices_per_host = 4
+transport = "EFAx4"
+platform = "sim"
+device = "A100"
+""")
+    config = load_config(path)
+    _, alone = ranking.rank(query(), config, ProfileBook(), lambda c: "sim", top=3, workers=1)
+    _, parallel = ranking.rank(query(), config, ProfileBook(), lambda c: "sim", top=3, workers=2)
+    assert [r.target for r in parallel] == [r.target for r in alone] and len(alone) == 4
+    for a, p in zip(alone, parallel):
+        assert np.array_equal(a.seconds, p.seconds) and np.array_equal(a.bound, p.bound)
+        assert a.plans == p.plans and np.array_equal(a.searched, p.searched)
+
+
 def test_the_toml_loads_as_a_config_and_the_csv_holds_every_candidate(tmp_path):
     path = config_file(tmp_path)
     code, stdout, stderr = cli("search", "--rank", "-c", str(path), "-d", str(tmp_path / "none.db"),

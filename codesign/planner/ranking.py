@@ -32,8 +32,11 @@ import itertools
 import json
 import logging
 import math
+import multiprocessing
+import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -170,26 +173,65 @@ class Ranking:
             return np.where(np.isfinite(self.seconds), self.global_batch / self.joules, np.nan)
 
 
+PARALLEL_FROM = 10_000  # candidates: a smaller ranking takes less than a worker process to start
+
+
 def rank(query: search.Search, config: Config, book: ProfileBook, platform_of: Callable[[ClusterSpec], str],
-         top: int = DEFAULT_TOP, prune: bool = True) -> tuple[Candidates, list[Ranking]]:
-    """Every candidate of the query on every target of the config, best plan each."""
-    found, prices = candidates(query), {}
-    return found, [rank_target(t, config.training, book, config.links, found, top, prune, prices)
-                   for t in targets(config, platform_of)]
+         top: int = DEFAULT_TOP, prune: bool = True, workers: int | None = None) -> tuple[Candidates, list[Ranking]]:
+    """Every candidate of the query on every target of the config, best plan each. A cluster's
+    targets are ranked in one process, which shares their layer prices; the clusters in parallel,
+    in up to `workers` processes (default: one per core where the space is large enough)."""
+    found, listed = candidates(query), targets(config, platform_of)
+    clusters = list(dict.fromkeys(t.cluster for t in listed))
+    if workers is None:
+        workers = os.cpu_count() or 1 if len(found) >= PARALLEL_FROM else 1
+    workers = min(len(clusters), workers)
+    if workers <= 1:
+        return found, _ranked(listed, query, config, book, top, prune, progress=True, found=found)
+    groups = sorted(([t for t in listed if t.cluster == c] for c in clusters), key=_work, reverse=True)
+    ranked: dict[Target, Ranking] = {}
+    with (ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool,
+          tqdm(total=len(listed), desc=f"ranking on {workers} processes", unit="target", file=sys.stderr,
+               disable=None, leave=False) as bar):
+        running = [pool.submit(_ranked, group, query, config, book, top, prune) for group in groups]
+        for done in as_completed(running):
+            for ranking in done.result():
+                ranked[ranking.target] = ranking
+                log.info("%s: %d of %d candidates searched in full", ranking.target.describe(),
+                         int(ranking.searched.sum()), len(found))
+            bar.update(len(done.result()))
+    return found, [ranked[t] for t in listed]
+
+
+def _work(group: list[Target]) -> int:
+    """What ranking a cluster's targets costs, roughly: its devices (meshes, pipeline placements)
+    times its targets; the dearest start first."""
+    return group[0].cluster.num_devices * len(group)
+
+
+def _ranked(listed: list[Target], query: search.Search, config: Config, book: ProfileBook, top: int, prune: bool,
+            progress: bool = False, found: Candidates | None = None) -> list[Ranking]:
+    """Targets ranked in turn, sharing layer prices (a worker process's task: it lists the
+    candidates again, as the same query lists them in the same order)."""
+    found, prices = candidates(query) if found is None else found, {}
+    return [rank_target(t, config.training, book, config.links, found, top, prune, prices, progress)
+            for t in listed]
 
 
 def rank_target(target: Target, training: TrainingSpec, book: ProfileBook, links: Sequence[LinkSpec],
-                found: Candidates, top: int, prune: bool = True, prices: dict | None = None) -> Ranking:
+                found: Candidates, top: int, prune: bool = True, prices: dict | None = None,
+                progress: bool = True) -> Ranking:
     """The fast pass over every candidate, then the full searches it cannot stand for. prices: the
-    layer prices of the targets ranked before (with the same training, profiles and links)."""
+    layer prices of the targets ranked before (with the same training, profiles and links);
+    progress: bars on a terminal (a worker process's would garble its parent's)."""
     positions = None if prices is None else prices.setdefault((target.cluster, target.platform, target.micro), {})
     computes = None if prices is None else prices.setdefault("layer computes", {})
     pricer = Pricer(target.job(found.base, training), training, book, links, target.parallel.num_auto_layers,
                     positions, computes)
-    ranking = _fast_ranking(target, pricer, found, top)
+    ranking = _fast_ranking(target, pricer, found, top, progress)
     exact = pricer.degrees == 1  # the space holds one-program plans only
-    with tqdm(desc=f"full searches on {target.cluster.summary()}", unit="search", file=sys.stderr, disable=None,
-              leave=False) as bar:
+    with tqdm(desc=f"full searches on {target.cluster.summary()}", unit="search", file=sys.stderr,
+              disable=None if progress else True, leave=False) as bar:
         def search_one(c: int) -> None:
             _search_one(ranking, found, training, book, links, c)
             bar.update()
@@ -203,14 +245,16 @@ def rank_target(target: Target, training: TrainingSpec, book: ProfileBook, links
             for c in ranking.top(top):
                 if not ranking.searched[c]:
                     search_one(int(c))
-    log.info("%s: %d of %d candidates searched in full", target.describe(), int(ranking.searched.sum()), len(found))
+    if progress:
+        log.info("%s: %d of %d candidates searched in full", target.describe(), int(ranking.searched.sum()),
+                 len(found))
     return ranking
 
 
-def _fast_ranking(target: Target, pricer: Pricer, found: Candidates, top: int) -> Ranking:
+def _fast_ranking(target: Target, pricer: Pricer, found: Candidates, top: int, progress: bool) -> Ranking:
     parts, reasons = [], {}
-    with tqdm(total=len(found), desc=f"ranking on {target.cluster.summary()}", unit="cand",
-              unit_scale=True, file=sys.stderr, disable=None, leave=False) as bar:
+    with tqdm(total=len(found), desc=f"ranking on {target.cluster.summary()}", unit="cand", unit_scale=True,
+              file=sys.stderr, disable=None if progress else True, leave=False) as bar:
         for _, block, part in found.runs():
             parts.append(fast_pass(pricer, block, found.index[part], found.base))
             why = _invalid(target, pricer, found.model(part.start))
