@@ -132,6 +132,7 @@ BENCH_SMOKE = {  # "{db}": a copy of the 0.1.0 results DB
     "bench_auto.py": ["--models", "tiny", "--devices", "1", "--micro", "1", "--iters", "3", "--confirm", "1"],
     "bench_learning.py": ["--jobs", "1", "--base", "builtin"],  # measuring the base takes a minute
     "bench_energy.py": ["--groups", "2"],
+    "bench_calibrations.py": ["--config", str(DATA / "one_cpu_job.toml")],
 }
 
 

@@ -13,7 +13,7 @@ from codesign.config.hosts import Hosts
 from codesign.config.jobs import PlannedJob
 from codesign.cost.learning import Point, comparable, memory_bound, refit
 from codesign.outcome import Outcome
-from codesign.run.learning import point_of, read_points
+from codesign.run.learning import point_of
 from codesign.run.profile_cache import profiles_for
 from codesign.run.sweep import Pricing, run_sweep
 from codesign.store.database import Store

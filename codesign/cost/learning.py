@@ -5,11 +5,12 @@ priced with, its measured step time and peak, and how it ran. A refit fits the p
 COMPONENTS (cost.calibration) and a time factor per plan kind (plan.stage_kind: each kind errs
 on its own side) to the points that ran as the sweep prices plans (`comparable`), by least
 squares of relative error drawn toward the base profile; it is kept only when its error on
-held-out points (the newest third, priced by a fit to the older ones) is
-lower than the current calibration's on the same points. Memory is learned as an upper bound (an under-prediction is an OOM): a high quantile
-of the factor each point's peak needs, taken by each refit over every point; between refits each
-new point raises it alone (point_bound: one point priced, however large the pool). Pure (numpy,
-scipy, the cost model); run.learning keeps the points and every version per machine.
+held-out points (the newest third, priced by a fit to the older ones) is lower than the current
+calibration's on the same points by more than their steps' own noise (`steps_noise`). Memory is
+learned as an upper bound (an under-prediction is an OOM): a high quantile of the factor each
+point's peak needs, taken by each refit over every point; between refits each new point raises
+it alone (point_bound: one point priced, however large the pool). Pure (numpy, scipy, the cost
+model); run.learning keeps the points and every version per machine.
 """
 
 from __future__ import annotations
@@ -67,6 +68,7 @@ class Point:
     devices: tuple[int, ...] = ()  # the GPU ids it ran on (none on CPU, or not recorded)
     engine: tuple[tuple[str, Any], ...] | None = None  # the engine options its steps were built with
     calibration: int | None = None  # the calibration version that priced it (0: the base profile)
+    noise: float | None = None  # p90 / median - 1 of its measured steps: what a rerun may move its time by
 
     def to_dict(self) -> dict[str, Any]:
         return {"job": self.job.to_dict(), "plan": self.plan.to_dict(),
@@ -74,7 +76,7 @@ class Point:
                 "seconds": self.seconds, "peak": self.peak, "source": self.source, "base": self.base,
                 "power_limits": _listed(self.power_limits), "jobs_beside": self.jobs_beside,
                 "devices": list(self.devices), "engine": None if self.engine is None else dict(self.engine),
-                "calibration": self.calibration}
+                "calibration": self.calibration, "noise": self.noise}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Point:
@@ -84,7 +86,7 @@ class Point:
                    data["peak"], data["source"], data.get("base", ""),
                    None if limits is None else tuple((int(d), float(w)) for d, w in limits),
                    data.get("jobs_beside"), tuple(data.get("devices") or ()),
-                   None if engine is None else tuple(engine.items()), data.get("calibration"))
+                   None if engine is None else tuple(engine.items()), data.get("calibration"), data.get("noise"))
 
 
 def _listed(pairs: tuple[tuple[Any, Any], ...] | None) -> list[list[Any]] | None:
@@ -128,6 +130,7 @@ class Calibration:
     accepted: bool
     created: float  # seconds since the epoch
     memory_only: bool = False  # the previous time factors, under a memory bound a measured peak raised
+    noise: float = 0.0  # the held-out points' steps' noise, which its gain had to exceed (0: none measured)
 
     def to_dict(self) -> dict[str, Any]:
         return {**dataclasses.asdict(self), "factors": dict(self.factors), "plan_factors": dict(self.plan_factors)}
@@ -138,7 +141,8 @@ class Calibration:
         if self.memory_only:
             return f"calibration {self.version}: memory x{self.memory_factor:.2f}, raised by a measured peak; {factors}"
         return (f"calibration {self.version}: {self.points} points, held-out error {self.held_out_error:.1%} "
-                f"against {self.previous_error:.1%}, {'accepted' if self.accepted else 'rejected'}; "
+                f"against {self.previous_error:.1%}, steps' noise {self.noise:.1%}, "
+                f"{'accepted' if self.accepted else 'rejected'}; "
                 f"memory x{self.memory_factor:.2f}; {factors}")
 
     @classmethod
@@ -249,8 +253,9 @@ def refit(base: DeviceProfile, points: Sequence[Point], current: Calibration | N
     """A new calibration of the base profile from the newest `window` timed comparable points
     (fitted_points), judged forward: a fit to all but the newest HELD_OUT of them prices those,
     against the current calibration (None: the base profile) on the same points; kept, fitted
-    again to all of them, only when it errs less there (the points it will price next are new
-    ones, not a random fold of old ones). The memory bound covers every point."""
+    again to all of them, only when it errs less there by more than their steps' noise (the
+    points it will price next are new ones, not a random fold of old ones; a gain within the
+    noise is a calibration chasing it). The memory bound covers every point."""
     timed = fitted_points(points)[-window:]
     priced = Priced(base, [points[i] for i in timed])
     held_out = max(2, round(HELD_OUT * len(timed)))
@@ -258,20 +263,29 @@ def refit(base: DeviceProfile, points: Sequence[Point], current: Calibration | N
     factors, kinds = fit(priced, older, current, prior)
     found = priced.errors(with_factors(base, factors, kinds), newest)
     previous = priced.errors(calibrated(base, current), newest)
-    accepted = errs_less(found, previous, evidence)
+    noise = steps_noise([points[i] for i in timed[len(older):]])
+    accepted = errs_less(found, previous, evidence, noise)
     if accepted:
         factors, kinds = fit(priced, range(len(timed)), current, prior)
     return Calibration(version, profile_id(base), tuple(factors.items()), tuple(kinds.items()),
                        memory_bound(base, points), len(points), float(found.mean()), float(previous.mean()),
-                       accepted, now)
+                       accepted, now, noise=noise)
 
 
-def errs_less(found: np.ndarray, previous: np.ndarray, evidence: float = EVIDENCE) -> bool:
+def errs_less(found: np.ndarray, previous: np.ndarray, evidence: float = EVIDENCE, noise: float = 0.0) -> bool:
     """Whether the same points' errors are lower under `found` than under `previous` by more than
-    `evidence` standard errors of their paired differences."""
+    `noise` (their steps' own, steps_noise), with `evidence` standard errors of their paired
+    differences to spare."""
     differences = found - previous
     spread = differences.std(ddof=1) / np.sqrt(len(differences)) if len(differences) > 1 else 0.0
-    return bool(differences.mean() + evidence * spread < 0)
+    return bool(differences.mean() + evidence * spread < -noise)
+
+
+def steps_noise(points: Sequence[Point]) -> float:
+    """The median noise the points' steps measured (0 where none did): what a rerun of one may
+    move its time by, so no gain in error below it is evidence."""
+    measured = [p.noise for p in points if p.noise is not None]
+    return float(np.median(measured)) if measured else 0.0
 
 
 def with_factors(base: DeviceProfile, factors: dict[str, float], kinds: dict[str, float]) -> DeviceProfile:

@@ -314,11 +314,14 @@ def how_it_ran(metrics: dict[str, Any]) -> dict[str, Any]:
     """Point's fields of how an attempt ran, from its outcome's metrics: the power limits its
     guard set (gpu_power.record; none given, or not set: full power), the jobs beside it (the
     sweep's count; None where no sweep counted), its GPUs, its engine options (the job body's),
-    the calibration that priced it (0: the base profile; None: not priced)."""
+    the calibration that priced it (0: the base profile; None: not priced) and its steps' noise
+    (how far the slowest tenth ran above their median)."""
     power = metrics.get("power") or {}
     limits = tuple(sorted((int(d), float(w)) for d, w in power["limits"].items())) if power.get("applied") else ()
     engine = metrics.get("engine_options")
     priced = metrics.get("prediction")
+    median, p90 = metrics.get("median"), metrics.get("p90")
     return {"power_limits": limits, "jobs_beside": metrics.get("jobs_beside"),
             "devices": tuple(metrics.get("gpu_ids") or ()), "engine": None if engine is None else tuple(engine.items()),
-            "calibration": None if priced is None else priced.get("calibration") or 0}
+            "calibration": None if priced is None else priced.get("calibration") or 0,
+            "noise": max(p90 / median - 1, 0.0) if median and p90 else None}
