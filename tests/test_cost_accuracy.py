@@ -1,14 +1,17 @@
 """The cost model against real CPU runs: a sweep records predictions beside measurements and
 the errors stay bounded.
 
-The bound is loose (50% median error) so that a loaded CI machine does not flake it; it
-catches a broken model (a unit slip, a missing term) rather than grading a good one.
+The bounds are loose so that a loaded CI machine does not flake them; they catch a broken model
+(a unit slip, a missing term) rather than grade a good one. Time is judged up to one factor, the
+machine's speed against the one the built-in profile was measured on (a CI machine, or the same
+VM on a slower day, runs every plan alike slower), and that factor within 4x.
 bench/bench_cost_model.py on bench/cost_cpu.toml gives the real figures."""
 
 import importlib.util
 import json
 import sqlite3
 
+import numpy as np
 import pytest
 
 from codesign.cost.model import Workload, estimate
@@ -83,10 +86,14 @@ def test_a_cpu_sweep_is_predicted_within_bounds(tmp_path):
 
     bench = bench_cost_model()
     found = bench.summary(bench.errors(str(tmp_path / "r.db")))
+    predicted, measured = np.array(conn.execute("SELECT predicted_time, median FROM attempts").fetchall()).T
+    speed = float(np.median(measured / predicted))  # this machine's, against the built-in profile's
+    relative = float(np.median(np.abs(speed * predicted / measured - 1)))
     print(f"CPU cost model on {found['n']} attempts: time median {found['time_median']:.1%} "
-          f"p90 {found['time_p90']:.1%}; memory median {found['memory_median']:.1%} p90 {found['memory_p90']:.1%}")
+          f"p90 {found['time_p90']:.1%}, {relative:.1%} at this machine's speed ({speed:.2f}x the profile's time); "
+          f"memory median {found['memory_median']:.1%} p90 {found['memory_p90']:.1%}")
     assert found["n"] == 5
-    assert found["time_median"] <= 0.5 and found["memory_median"] <= 0.5
+    assert 0.25 <= speed <= 4 and relative <= 0.35 and found["memory_median"] <= 0.5
 
 
 def test_the_bench_names_auto_search_attempts_by_the_plan_they_ran():
