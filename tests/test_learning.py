@@ -314,9 +314,9 @@ def test_learning_replay_prices_recorded_points_under_each_prior(tmp_path, capsy
 
 def test_on_a_machine_its_model_can_express_the_learner_converges_as_noise_allows(monkeypatch, capsys):
     """learning_replay --synthetic: bench_learning's jobs on a made-up machine (the built-in
-    profile, each component and plan kind scaled) measured with 1% noise: a sweep's last third
-    is priced within 3%, under 0.6x its first third's error; the next sweep's models start
-    within 2x of that."""
+    profile, each component and plan kind scaled) measured with 1% noise, as steady as a GPU's
+    steps: a sweep's last third is priced within 3%, at most 0.5x its first third's error and
+    below the base profile's (issue 55's goal); the next sweep's models start within 2x of that."""
     import sys
 
     monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "bench"))
@@ -330,7 +330,7 @@ def test_on_a_machine_its_model_can_express_the_learner_converges_as_noise_allow
                       r"second sweep's first third ([\d.]+)%", line)
     unfitted, first, last, other = (float(x) / 100 for x in found.groups())
     assert unfitted > 0.15  # the made-up machine is far from the base profile
-    assert last < 0.03 and last < 0.6 * first and other < 2 * last
+    assert last < 0.03 and last <= 0.5 * first and last < unfitted and other < 2 * last
 
 
 def test_a_refit_fits_the_newest_points_of_its_window_only():
