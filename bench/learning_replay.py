@@ -127,7 +127,7 @@ def time_refits(sizes: list[int], prior: float, evidence: float, window: int | N
 
 def time_records(sizes: list[int]) -> None:
     """Wall seconds of a recorded point's memory bound at each pool size: the pool's, as every
-    record priced it before 323c652, against the new point's alone, as it does now."""
+    record priced it before 441a473, against the new point's alone, as it does now."""
     base, points = synthetic(0.05, 0.25, 0)
     for size in sizes:
         pool = (points * (size // len(points) + 1))[:size]
