@@ -44,7 +44,8 @@ from codesign.outcome import (
     Outcome,
 )
 from codesign.config.types import Job
-from codesign.store.schema import EARLIER_PREDICTIONS, MIGRATIONS, PRICED_BY, REPRICED_COLUMNS, SCHEMA_VERSION
+from codesign.store.schema import (EARLIER_PREDICTIONS, MIGRATIONS, PRICED_BY, REPRICED_COLUMNS, SCHEMA_VERSION,
+                                   insert_repricing)
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -248,17 +249,12 @@ class Store:
         one more of its repricings, with what priced it and whether that calibration was fitted
         to the attempt itself. A simulated attempt, whose prediction is its result, is
         reprice_simulated's."""
-        values = [_cell(prediction.get(k)) for k in PRICED_BY]
-        calibration = (prediction.get("prediction") or {}).get("calibration")
+        repriced = {**{k: _cell(prediction.get(k)) for k in PRICED_BY}, "prediction": prediction.get("prediction")}
         with self._transaction() as conn:
-            cur = conn.execute(
-                f"INSERT INTO repricings (attempt_id, repriced_at, {', '.join(PRICED_BY)}, calibration, in_sample, "
-                f"prediction) SELECT id, {NOW}, {', '.join('?' for _ in PRICED_BY)}, ?, ?, ? FROM attempts "
-                f"WHERE id = ? AND status NOT IN (?, ?)",
-                (*values, calibration, in_sample, json.dumps(prediction.get("prediction")), attempt_id,
-                 RUNNING, SIMULATED))
-            if cur.rowcount != 1:
+            row = conn.execute("SELECT status FROM attempts WHERE id = ?", (attempt_id,)).fetchone()
+            if row is None or row["status"] in (RUNNING, SIMULATED):
                 raise ValueError(f"attempt {attempt_id} is running, simulated or absent: not re-priced beside")
+            insert_repricing(conn, attempt_id, repriced, in_sample, NOW)
 
     def reprice_simulated(self, attempt_id: int, prediction: dict[str, Any]) -> None:
         """A simulated attempt's prediction (nothing ran: it is its result) from the cost model as

@@ -196,19 +196,22 @@ def keep_before_it_ran(conn: sqlite3.Connection) -> None:
             continue
         original, *later = configs.pop(EARLIER_PREDICTIONS)
         for repriced in [*later, {**dict(zip(PRICED_BY, priced)), "prediction": configs.pop("prediction", None)}]:
-            _insert_repricing(conn, attempt_id, repriced)
+            insert_repricing(conn, attempt_id, repriced, (repriced["prediction"] or {}).get("calibration") is not None)
         if original.get("prediction") is not None:
             configs["prediction"] = original["prediction"]
         conn.execute(f"UPDATE attempts SET {', '.join(f'{k} = ?' for k in PRICED_BY)}, all_configs = ? WHERE id = ?",
                      (*(original.get(k) for k in PRICED_BY), json.dumps(configs), attempt_id))
 
 
-def _insert_repricing(conn: sqlite3.Connection, attempt_id: int, repriced: dict[str, Any]) -> None:
-    calibration = (repriced["prediction"] or {}).get("calibration")
-    conn.execute(f"INSERT INTO repricings (attempt_id, {', '.join(PRICED_BY)}, calibration, in_sample, prediction) "
-                 f"VALUES (?, {', '.join('?' for _ in PRICED_BY)}, ?, ?, ?)",
-                 (attempt_id, *(repriced.get(k) for k in PRICED_BY), calibration, calibration is not None,
-                  json.dumps(repriced["prediction"])))
+def insert_repricing(conn: sqlite3.Connection, attempt_id: int, repriced: dict[str, Any], in_sample: bool,
+                     at: str = "NULL") -> None:
+    """One re-pricing of an attempt: `repriced` holds PRICED_BY's values and the breakdown under
+    "prediction"; `at` is the SQL of its time (NULL: unknown)."""
+    calibration = (repriced.get("prediction") or {}).get("calibration")
+    conn.execute(f"INSERT INTO repricings (attempt_id, repriced_at, {', '.join(PRICED_BY)}, calibration, in_sample, "
+                 f"prediction) VALUES (?, {at}, {', '.join('?' for _ in PRICED_BY)}, ?, ?, ?)",
+                 (attempt_id, *(repriced.get(k) for k in PRICED_BY), calibration, in_sample,
+                  json.dumps(repriced.get("prediction"))))
 
 
 MIGRATIONS: list[Migration] = [
