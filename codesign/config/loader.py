@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from codesign.errors import ConfigError
+from codesign.families import PACKAGES
 from codesign.config.types import (
     AUTO_SEARCH,
     MIXERS,
@@ -22,9 +23,11 @@ from codesign.config.types import (
     SHARDING_OPTIONS,
     TRANSPORTS,
     ClusterSpec,
+    Model,
     ModelSpec,
     ParallelSpec,
     TrainingSpec,
+    TransformerSpec,
 )
 
 DEFAULT_CONFIG = Path(__file__).parents[1] / "models" / "config.toml"
@@ -53,7 +56,7 @@ class LinkSpec:
 class Config:
     path: str
     training: TrainingSpec
-    models: tuple[ModelSpec, ...]
+    models: tuple[Model, ...]
     clusters: tuple[ClusterSpec, ...]
     parallels: tuple[ParallelSpec, ...]
     ray: RaySettings = RaySettings()
@@ -140,8 +143,7 @@ def load_config(path: str | Path) -> Config:
     return Config(
         path=path,
         training=parse_training(_Table(path, "[training_spec]", raw["training_spec"], keys["training_spec"])),
-        models=tuple(parse_model(_Table(path, f"[[model]] #{i + 1}", m, keys["model"]))
-                     for i, m in enumerate(_array(top, "model"))),
+        models=tuple(parse_model(path, f"[[model]] #{i + 1}", m) for i, m in enumerate(_array(top, "model"))),
         clusters=tuple(parse_cluster(_Table(path, f"[[cluster_spec]] #{i + 1}", c, keys["cluster_spec"]))
                        for i, c in enumerate(_array(top, "cluster_spec"))),
         parallels=tuple(parse_parallel(_Table(path, f"[[parallel_spec]] #{i + 1}", p, keys["parallel_spec"]))
@@ -162,9 +164,11 @@ def _array(top: _Table, name: str) -> list[dict[str, Any]]:
 # lists every one (tests/test_docs.py compares the two).
 ACCEPTED_KEYS: dict[str, frozenset[str]] = {
     "top level": frozenset({"training_spec", "model", "cluster_spec", "parallel_spec", "ray", "links"}),
-    "training_spec": frozenset({"avg_batch_size_per_device", "num_iters", "learning_rate", "seed", "precision",
-                                "fold_dot", "min_measured_seconds"}),
-    "model": frozenset({"num_features", "emb_dim", "output_per_emb", "num_zhen_layers", "tokens"}),
+    "training_spec": frozenset({"avg_batch_size_per_device", "global_batch_size", "num_iters", "learning_rate",
+                                "seed", "precision", "fold_dot", "min_measured_seconds"}),
+    "model": frozenset({"family", "num_features", "emb_dim", "output_per_emb", "num_zhen_layers", "tokens"}),
+    "model.transformer": frozenset({"family", "num_layers", "hidden", "heads", "seq_len", "vocab",
+                                                   "ffn", "causal"}),
     "cluster_spec": frozenset({"num_hosts", "num_devices_per_host", "transport", "platform", "device"}),
     "parallel_spec": frozenset({"description", "num_micro_batches", "num_auto_layers", "remat_layer", PP_DP_OP,
                                 "physical_mesh_shape", "auto_sharding_option", "host_ids", "device_ids",
@@ -203,7 +207,14 @@ def parse_links(top: _Table) -> tuple[LinkSpec, ...]:
 
 
 def parse_training(t: _Table) -> TrainingSpec:
-    return TrainingSpec(avg_batch_size_per_device=t.int("avg_batch_size_per_device"),
+    both = t.has("avg_batch_size_per_device") and t.has("global_batch_size")
+    if both or not (t.has("avg_batch_size_per_device") or t.has("global_batch_size")):
+        t.fail("global_batch_size" if both else "avg_batch_size_per_device",
+               "give one of avg_batch_size_per_device (samples per device) and global_batch_size "
+               "(samples per iteration)" + (", not both" if both else ""))
+    per_device = t.has("avg_batch_size_per_device")
+    return TrainingSpec(avg_batch_size_per_device=t.int("avg_batch_size_per_device") if per_device else 0,
+                        global_batch_size=0 if per_device else t.int("global_batch_size"),
                         num_iters=t.int("num_iters", minimum=2),
                         learning_rate=t.float("learning_rate", 1e-3),
                         seed=t.int("seed", default=0, minimum=0),
@@ -212,7 +223,27 @@ def parse_training(t: _Table) -> TrainingSpec:
                         min_measured_seconds=t.float("min_measured_seconds", 0.0, minimum_exclusive=False))
 
 
-def parse_model(t: _Table) -> ModelSpec:
+def parse_model(path: str, name: str, data: dict[str, Any]) -> Model:
+    """A [[model]] table: ZHEN unless it names another family."""
+    family = data.get("family", "zhen")
+    if family not in PACKAGES:
+        _Table(path, name, {}, frozenset()).fail("family", f"expected one of {list(PACKAGES)}, got {family!r}")
+    if family == "transformer":
+        return parse_transformer(_Table(path, name, data, ACCEPTED_KEYS["model.transformer"]))
+    return parse_zhen(_Table(path, name, data, ACCEPTED_KEYS["model"]))
+
+
+def parse_transformer(t: _Table) -> TransformerSpec:
+    hidden, heads = t.int("hidden"), t.int("heads")
+    if hidden % heads:
+        t.fail("heads", f"must divide hidden = {hidden}, got {heads}")
+    ffn = t.int("ffn", default=4 * hidden)
+    return TransformerSpec(num_layers=t.int("num_layers"), hidden=hidden, heads=heads, seq_len=t.int("seq_len"),
+                           vocab=t.int("vocab", default=51200), ffn=0 if ffn == 4 * hidden else ffn,
+                           causal=t.bool("causal", True))
+
+
+def parse_zhen(t: _Table) -> ModelSpec:
     layers = t.int("num_zhen_layers")
     return ModelSpec(num_features=t.int("num_features"), emb_dim=t.int("emb_dim"),
                      output_per_emb=t.int("output_per_emb"), num_zhen_layers=layers,

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 MIXERS = ("DOT", "LINEAR", "ATTENTION", "CONVOLUTION")
 TRANSPORTS = ("NVLink", "NDRx8", "HDRx8", "EFAx32", "EFAx4", "TCPx4")  # their figures: hardware.links
@@ -24,6 +25,12 @@ class ModelSpec:
     num_zhen_layers: int
     tokens: tuple[tuple[str, ...], ...]  # one tuple of mixers per layer
 
+    family: ClassVar[str] = "zhen"  # not a field: ZHEN's job keys and all_configs stay as they were
+
+    @property
+    def num_layers(self) -> int:
+        return self.num_zhen_layers
+
     @property
     def is_homogeneous(self) -> bool:
         return len(set(self.tokens)) == 1
@@ -39,6 +46,56 @@ class ModelSpec:
         return {"num_features": self.num_features, "emb_dim": self.emb_dim,
                 "output_per_emb": self.output_per_emb,
                 "num_zhen_layers": self.num_zhen_layers, "tokens": tokens}
+
+    def result_columns(self) -> dict[str, Any]:
+        """The earlier toolkit's model columns of table `results`."""
+        return {"num_zhen_layers": self.num_zhen_layers, "token_mixer": json.dumps(self.to_toml()["tokens"]),
+                "input_features": self.num_features, "emb_dimensions": self.emb_dim,
+                "output_per_ensemble": self.output_per_emb}
+
+
+@dataclass(frozen=True)
+class TransformerSpec:
+    """A GPT-style decoder (causal) or BERT-style encoder: num_layers blocks of self-attention
+    and an MLP, between a token embedding and the vocabulary's logits."""
+
+    num_layers: int
+    hidden: int
+    heads: int
+    seq_len: int
+    vocab: int = 51200
+    ffn: int = 0  # the MLP's hidden width; 0: 4 x hidden
+    causal: bool = True
+    family: str = dataclasses.field(default="transformer", init=False)  # in to_dict, for from_dict
+
+    @property
+    def ffn_hidden(self) -> int:
+        return self.ffn or 4 * self.hidden
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+    def summary(self) -> str:
+        kind = "GPT" if self.causal else "BERT"
+        ffn = f" F{self.ffn}" if self.ffn else ""
+        return f"{kind} L{self.num_layers} H{self.hidden} A{self.heads} S{self.seq_len}{ffn}"
+
+    def to_toml(self) -> dict[str, Any]:
+        table: dict[str, Any] = {"family": self.family, "num_layers": self.num_layers, "hidden": self.hidden,
+                                 "heads": self.heads, "seq_len": self.seq_len, "vocab": self.vocab}
+        if self.ffn:
+            table["ffn"] = self.ffn
+        return {**table, "causal": self.causal}
+
+    def result_columns(self) -> dict[str, Any]:
+        """Table `results`' model columns: the layers and width where ZHEN's are, the whole
+        [[model]] table in `token_mixer`, none for ZHEN's features."""
+        return {"num_zhen_layers": self.num_layers, "token_mixer": json.dumps(self.to_toml()),
+                "input_features": None, "emb_dimensions": self.hidden, "output_per_ensemble": None}
+
+
+Model = ModelSpec | TransformerSpec
 
 
 @dataclass(frozen=True)
@@ -73,6 +130,7 @@ class TrainingSpec:
     # The measured steps go on past num_iters until they add up to at least this many seconds:
     # a few millisecond steps on shared cores are too noisy to compare plans by
     min_measured_seconds: float = 0.0
+    global_batch_size: int = 0  # samples per iteration, in place of avg_batch_size_per_device (0: that)
 
     @property
     def warmup_iters(self) -> int:
@@ -124,7 +182,7 @@ class ParallelSpec:
 class Job:
     """One run: a model on a cluster under one parallel plan and one micro-batch count."""
 
-    model: ModelSpec
+    model: Model
     cluster: ClusterSpec
     training: TrainingSpec
     parallel: ParallelSpec
@@ -133,6 +191,8 @@ class Job:
 
     @property
     def global_batch(self) -> int:
+        if self.training.global_batch_size:
+            return self.training.global_batch_size
         return self.training.avg_batch_size_per_device * self.cluster.num_devices
 
     def to_dict(self) -> dict[str, Any]:
@@ -155,7 +215,9 @@ def _tuplify(value: Any) -> Any:
     return value
 
 
-def _model_from_dict(data: dict[str, Any]) -> ModelSpec:
+def _model_from_dict(data: dict[str, Any]) -> Model:
+    if data.get("family") == "transformer":
+        return TransformerSpec(**{k: v for k, v in data.items() if k != "family"})
     return ModelSpec(**{**data, "tokens": _tuplify(data["tokens"])})
 
 

@@ -5,7 +5,7 @@ Pure Python and numpy (no JAX): pricing a plan takes microseconds. Three parts, 
   or as its GEMMs, a memory pass, each collective, a transfer, a launch; what devices sharing
   cores add is one implementation of them (hardware.shared_cores);
 - feeders: a `Workload` (cost.workload) holds what every plan of one (model, cluster,
-  training, micro-batches) shares (per-layer counts from zhen.counts, the device profile, the
+  training, micro-batches) shares (per-layer counts from its model family's counts, the device profile, the
   links), and the per-stage
   functions (`stage_compute`, `stage_memory`) price a contiguous range of layers on a (dp, op)
   submesh, so a dynamic program over stage boundaries can call them directly; they also take
@@ -40,8 +40,9 @@ from codesign.cost.workload import Submesh, Workload
 from codesign.hardware.device import Devices
 from codesign.hardware.profiles import ENCODER_PAIR, LAYER, DeviceProfile, ProfileBook
 from codesign.config.loader import LinkSpec
-from codesign.config.types import Job, ModelSpec
-from codesign.zhen import counts
+from codesign.config.types import Job, Model
+from codesign import families
+from codesign.families.work import Gemm, Work
 # Recorded on every attempt beside its prediction: bump it with every change to what the model predicts.
 COST_MODEL_VERSION = "2026.11.29.1"
 # The block-folded DOT's kernel traffic per call, in kernel-sized fp32 arrays: the forward reads
@@ -124,8 +125,8 @@ def _where(condition, yes, no):
 
 
 
-def engine_calls(mixers: Sequence[tuple[str, counts.Work]], gemms: Sequence[tuple[counts.Gemm, ...]] | None = None
-                 ) -> list[tuple[str, counts.Work, tuple[counts.Gemm, ...]]]:
+def engine_calls(mixers: Sequence[tuple[str, Work]], gemms: Sequence[tuple[Gemm, ...]] | None = None
+                 ) -> list[tuple[str, Work, tuple[Gemm, ...]]]:
     """A layer's mixers as the engine calls them, with their matmuls: its ATTENTION mixers'
     encoders as one encoder vmapped over their stacked weights (network.ZhenBlock._encoded), one
     call of their summed work with one set of fixed costs, priced as a pair (ENCODER_PAIR) where
@@ -140,17 +141,17 @@ def engine_calls(mixers: Sequence[tuple[str, counts.Work]], gemms: Sequence[tupl
     return calls + [(kind, sum(works[1:], works[0]), sum(shapes, ()))]
 
 
-def _split(work: counts.Work, op: int) -> float:
+def _split(work: Work, op: int) -> float:
     """Activation elements per sample one device keeps when the sharded ones are split over op."""
     return work.activations - work.sharded_activations + work.sharded_activations / op
 
 
-def op_collective(w: Workload, work: counts.Work, samples: float, mesh: Submesh,
+def op_collective(w: Workload, work: Work, samples: float, mesh: Submesh,
                   calls: Any = 1) -> tuple[str, Any]:
     """An op-sharded mixer's collectives per micro-batch (forward and backward); or of `calls`
     such mixers, `work` holding their sum."""
     if mesh.batch_axis == "dp":
-        out = calls * samples * w.model.output_per_emb * w.model.emb_dim * w.activation_bytes
+        out = samples * work.reduced * w.activation_bytes
         return "op all-reduce", 2 * w.collective("all-reduce", out, mesh.op_group, calls)
     weights = work.sharded_params * PARAM_BYTES
     return "op all-gather", (w.collective("all-gather", weights, mesh.op_group, calls)
@@ -244,6 +245,7 @@ def stage_memory(w: Workload, layers: Sequence[int], groups: Sequence[Sequence[i
         working = most(per_layer[i] + backward[i] for i in layers)
     kept, working = (w.profile.activation_share * x for x in (kept, working))
     first, last = data_samples
+    counts = families.counts(w.model)
     data = (w.global_batch / mesh.batch_shards) * 4 * (
         (counts.input_width(w.model) if first else 0) + (counts.output_width(w.model) if last else 0))
     activations = in_flight * kept
@@ -258,7 +260,8 @@ def stage_memory(w: Workload, layers: Sequence[int], groups: Sequence[Sequence[i
     return Memory(params=params, grads=grads, adam=2 * grads, activations=activations, workspace=data + scratch)
 
 
-def _carry_in(m: ModelSpec, i: int) -> int:
+def _carry_in(m: Model, i: int) -> int:
+    counts = families.counts(m)
     return counts.input_width(m) if i == 0 else counts.carry_width(m, i - 1)
 
 

@@ -15,8 +15,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from codesign.errors import PlanError
-from codesign.config.types import SCHEDULES, Job, ModelSpec
-from codesign.zhen import counts
+from codesign.config.types import SCHEDULES, Job, Model
+from codesign import families
 
 MESH_AXES = ("dp", "op")
 
@@ -183,7 +183,7 @@ def check_plan(job: Job, plan: Plan) -> None:
     for i, stage in enumerate(plan.stages):
         if not stage.groups:
             raise PlanError(f"stage {i} has no layer groups")
-    _check_partition([g for s in plan.stages for g in s.groups], job.model.num_zhen_layers, "layers",
+    _check_partition([g for s in plan.stages for g in s.groups], job.model.num_layers, "layers",
                      part="layer group")
     if plan.num_micro_batches != job.num_micro_batches:
         raise PlanError(f"the plan is for {plan.num_micro_batches} micro-batches, the job has "
@@ -211,15 +211,16 @@ def _check_partition(parts: Sequence[Sequence[int]], n: int, what: str, part: st
 def layer_groups(job: Job, num_groups: int | None = None) -> tuple[tuple[int, ...], ...]:
     """The model's layers cut into num_groups (default: the job's num_auto_layers) contiguous
     groups balanced by FLOPs."""
-    groups, layers = num_groups or job.parallel.num_auto_layers, job.model.num_zhen_layers
+    groups, layers = num_groups or job.parallel.num_auto_layers, job.model.num_layers
     if groups > layers:
         raise PlanError(f"num_auto_layers = {groups} layer groups, but the model has only {layers} layers")
     return _flop_balanced(job.model, groups)
 
 
 @functools.cache  # a search builds many plans of one model
-def _flop_balanced(model: ModelSpec, groups: int) -> tuple[tuple[int, ...], ...]:
-    return balanced_groups([counts.layer_flops(model, i) for i in range(model.num_zhen_layers)], groups)
+def _flop_balanced(model: Model, groups: int) -> tuple[tuple[int, ...], ...]:
+    counts = families.counts(model)
+    return balanced_groups([counts.layer_flops(model, i) for i in range(model.num_layers)], groups)
 
 
 def split_stages(groups: tuple[tuple[int, ...], ...], pp: int) -> list[tuple[tuple[int, ...], ...]]:

@@ -9,7 +9,7 @@ from codesign.cost.formulas import StageCost, most
 from codesign.cost.plan import Plan
 from codesign.cost.schedule import BACKWARD, FORWARD, dispatch_order
 from codesign.cost.workload import Submesh, Workload
-from codesign.zhen import counts
+from codesign import families
 
 
 def launches(kind: str, stage: int, pp: int) -> int:
@@ -22,7 +22,7 @@ def transfer_time(w: Workload, plan: Plan, index: int) -> float:
     """Seconds to move one micro-batch's carry from stage index to index + 1 (or a cotangent back):
     each source device sends its batch shard; across hosts when the two stages share none."""
     src, dst = plan.stages[index], plan.stages[index + 1]
-    nbytes = w.micro_batch * w.activation_bytes * counts.carry_width(w.model, src.layers[-1])
+    nbytes = w.micro_batch * w.activation_bytes * families.counts(w.model).carry_width(w.model, src.layers[-1])
     shards = Submesh.of(src, plan.batch_axis).batch_shards
     return w.transfer(nbytes / shards, src.device_ids, dst.device_ids)
 

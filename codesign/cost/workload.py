@@ -8,19 +8,20 @@ from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
 from codesign.config.loader import LinkSpec
-from codesign.config.types import ClusterSpec, Job, ModelSpec
+from codesign.config.types import ClusterSpec, Job, Model
 from codesign.hardware.links import Link, cluster_links
 from codesign.hardware.profiles import DeviceProfile
 from codesign.cost.formulas import ACTIVATION_BYTES, StageCost
 from codesign.hardware.device import Devices
 from codesign.cost.plan import StagePlan
-from codesign.zhen import counts
+from codesign import families
+from codesign.families.work import Gemm, Work
 
 @dataclass(frozen=True)
 class Workload:
     """What every plan of one (model, cluster, training, micro-batch count) shares."""
 
-    model: ModelSpec
+    model: Model
     cluster: ClusterSpec
     precision: str
     global_batch: int
@@ -28,19 +29,19 @@ class Workload:
     profile: DeviceProfile
     intra: Link
     inter: Link
-    layers: tuple[counts.Work, ...]  # per layer, all of it
-    own: tuple[counts.Work, ...]  # per layer, outside its mixers
-    mixers: tuple[tuple[tuple[str, counts.Work], ...], ...]  # per layer, (kind, work) of each mixer
-    gemms: tuple[tuple[tuple[counts.Gemm, ...], ...], ...] = ()  # per layer, each mixer's matmuls
-    own_gemms: tuple[tuple[counts.Gemm, ...], ...] = ()  # per layer, its own matmul's
+    layers: tuple[Work, ...]  # per layer, all of it
+    own: tuple[Work, ...]  # per layer, outside its mixers
+    mixers: tuple[tuple[tuple[str, Work], ...], ...]  # per layer, (kind, work) of each mixer
+    gemms: tuple[tuple[tuple[Gemm, ...], ...], ...] = ()  # per layer, each mixer's matmuls
+    own_gemms: tuple[tuple[Gemm, ...], ...] = ()  # per layer, its own matmul's
     # estimate's stages by what they read: a search prices each stage in many plans
     stage_costs: dict[tuple, StageCost] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def of(cls, job: Job, profile: DeviceProfile, links: Iterable[LinkSpec] = ()) -> Workload:
-        m, fold = job.model, job.training.fold_dot
+        m, fold, counts = job.model, job.training.fold_dot, families.counts(job.model)
         intra, inter = cluster_links(profile, job.cluster, links)
-        layers = range(m.num_zhen_layers)
+        layers = range(m.num_layers)
         mixers = tuple(counts.layer_mixers(m, i, fold) for i in layers)
         return cls(m, job.cluster, job.training.precision, job.global_batch, job.num_micro_batches,
                    profile, intra, inter, tuple(counts.layer_work(m, i, fold) for i in layers),

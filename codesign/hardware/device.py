@@ -59,7 +59,7 @@ class Devices:
               share: float, fixed_at: float, backward_calls: int = 2) -> tuple[float, float, float]:
         """(forward, backward, the fixed cost of one call) of a call of one mixer kind (or the
         layer's own work) on `samples` samples, op splitting its sharded work `split` ways: at the
-        profile's rates, or as the GEMMs it runs (`gemms`, zhen.counts.Gemm) plus its launch."""
+        profile's rates, or as the GEMMs it runs (`gemms`, families.work.Gemm) plus its launch."""
         rate = self.profile.rate(precision, kind)
         fixed = rate.overhead / fixed_at
         if self.prices_gemms:
@@ -202,12 +202,12 @@ class Devices:
 def matmul_seconds(kind: str, precision: str, gemms: tuple, samples: float, split: int,
                    first: bool) -> tuple[float, float, int, int]:
     """(forward, backward, FLOPs per sample, of them the input-facing ones') of one call's GEMMs
-    (zhen.counts.Gemm) on `samples` samples: op splitting n or k of the sharded ones, the
+    (families.work.Gemm) on `samples` samples: op splitting m, n or k of the sharded ones, the
     backward's input and weight gradients, the input-facing ones' input gradient skipped in the
     `first` layer. A search prices the same calls many times."""
     shapes, roles = [], []
     for g in gemms:
-        m = samples * g.rows
+        m = samples * g.rows / (split if g.split == "m" else 1)
         n, k = (g.n / split, g.k) if g.split == "n" else (g.n, g.k / split) if g.split == "k" else (g.n, g.k)
         shapes += [(m, n, k), (k, n, m)]  # forward, the weights' gradient
         roles += [0, 1]

@@ -28,6 +28,7 @@ from codesign.hardware.links import Link
 log = logging.getLogger(__name__)
 
 LAYER = "LAYER"  # the layer's own work: skip projection, token concat, LayerNorm
+UNMEASURED = "LINEAR"  # the rate of kinds a profile has none of
 ENCODER_PAIR = "ATTENTION x2"  # two ATTENTION mixers of a layer, their encoders vmapped in one call (a GPU
 # profile measures it unless CODESIGN_PROFILE_PAIR=0; where a profile lacks it, the call is priced as one
 # ATTENTION call of their summed work)
@@ -179,9 +180,13 @@ class DeviceProfile:
     calibration: Calibrated = Calibrated()
 
     def rate(self, precision: str, kind: str) -> Rate:
+        """The kind's rate; two encoders' at one's where unmeasured; a kind the profile never
+        measured (another model family's layers) at the LINEAR mixer's, a plain matmul."""
         table = dict(self.rates)
         rates = dict(table.get(precision) or table["fp32"])
-        return rates[kind] if kind in rates or kind != ENCODER_PAIR else rates["ATTENTION"]
+        if kind in rates:
+            return rates[kind]
+        return rates["ATTENTION"] if kind == ENCODER_PAIR else rates[UNMEASURED]
 
     def share(self, busy: int) -> float:
         """Each of `busy` devices' speed relative to one device running alone."""

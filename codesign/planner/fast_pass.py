@@ -437,7 +437,8 @@ def stage_floors(pricer: Pricer, sums: np.ndarray, devices: tuple[int, ...]) -> 
         for dp, op in meshes(job, len(devices), axis):
             mesh = Submesh(devices, dp, op, axis)
             if mesh not in computes:  # ZeRO-2 or not, a mesh computes alike
-                kind, collectives = op_collective(w, counts.Work(sharded_params=weights),
+                reduced = mixers * job.model.output_per_emb * job.model.emb_dim  # each sharded mixer's output
+                kind, collectives = op_collective(w, counts.Work(sharded_params=weights, reduced=reduced),
                                                   w.micro_batch / mesh.batch_shards, mesh, mixers) if op > 1 else ("", 0.0)
                 forward, backward = _share(by_shards[:, pricer.shards.index(mesh.batch_shards)], mesh)
                 computes[mesh] = Compute(fixed_f + forward, fixed_b + backward,

@@ -22,9 +22,7 @@ from typing import Callable, Iterable, Iterator, Sequence
 from codesign.config.types import SCHEDULES, ClusterSpec, Job
 from codesign.cost.model import Estimate
 from codesign.cost.plan import MESH_AXES, Plan, layer_groups, plan_from_stages, tile_devices
-from codesign.zhen import counts
-
-MLP_WIDTHS = math.gcd(counts.DOT_HIDDEN, counts.FFN_HIDDEN)  # what op shards: it must divide them evenly
+from codesign import families
 
 
 @dataclass(frozen=True)
@@ -116,15 +114,16 @@ def block_fits(job: Job, offset: int, size: int) -> bool:
 
 def meshes(job: Job, size: int, batch_axis: str) -> list[tuple[int, int]]:
     """(dp, op) of a stage whose batch-axis size divides the micro-batch; op inside a host (its
-    collectives run per mixer call) and dividing the MLP widths it shards; the batch on op only
+    collectives run per mixer call) and dividing the widths it shards (the family's op_widths); the batch on op only
     where op > 1 (else it would be replicated over dp)."""
     micro_batch = job.global_batch // job.num_micro_batches
+    widths = families.counts(job.model).op_widths(job.model)
     found = []
     for dp in range(1, size + 1):
         op = size // dp
         shards = dp if batch_axis == "dp" else op
         if (size % dp == 0 and micro_batch % shards == 0 and (batch_axis == "dp" or op > 1)
-                and op <= job.cluster.num_devices_per_host and MLP_WIDTHS % op == 0):
+                and op <= job.cluster.num_devices_per_host and widths % op == 0):
             found.append((dp, op))
     return found
 

@@ -23,7 +23,7 @@ from codesign.outcome import (
     SUCCEEDED,
     TIMEOUT,
 )
-from codesign.config.types import AUTO_SEARCH, ClusterSpec, ModelSpec
+from codesign.config.types import AUTO_SEARCH, ClusterSpec, ModelSpec, TransformerSpec
 from codesign.cost.plan import stage_kind
 
 SIM_PLATFORM = "sim"
@@ -86,6 +86,8 @@ def model_label(tokens: Any, layers: Any, features: Any, emb: Any, out: Any) -> 
     """ModelSpec.summary() of the columns, e.g. "F32 D16 O4 L2 [ALDC/ALDC]"."""
     try:
         parsed = json.loads(tokens)
+        if isinstance(parsed, dict):  # another family's whole [[model]] table
+            return TransformerSpec(**{k: v for k, v in parsed.items() if k != "family"}).summary()
         per_layer = [parsed] * int(layers) if isinstance(parsed[0], str) else parsed
         return ModelSpec(int(features), int(emb), int(out), int(layers),
                          tuple(tuple(layer) for layer in per_layer)).summary()

@@ -456,12 +456,9 @@ def _spec_columns(job: Job) -> dict[str, Any]:
     """The earlier toolkit's columns, filled from the job's specs."""
     m, c, t, p = job.model, job.cluster, job.training, job.parallel
     return {
-        "num_zhen_layers": m.num_zhen_layers,
-        "token_mixer": json.dumps(m.to_toml()["tokens"]),
-        "input_features": m.num_features, "emb_dimensions": m.emb_dim,
-        "output_per_ensemble": m.output_per_emb,
+        **m.result_columns(),
         "num_nodes": c.num_hosts, "gpus_per_node": c.num_devices_per_host, "transport": c.transport,
-        "input_batch_size": job.global_batch, "avg_batch_size_per_gpu": t.avg_batch_size_per_device,
+        "input_batch_size": job.global_batch, "avg_batch_size_per_gpu": job.global_batch // c.num_devices,
         "num_iters": t.num_iters, "description": p.description,
         "num_micro_batches": job.num_micro_batches, "num_auto_layers": p.num_auto_layers,
         "pp_dp_op": _cell(p.pp_dp_op), "physical_mesh_shapes": _cell(p.physical_mesh_shape),

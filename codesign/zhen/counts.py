@@ -6,10 +6,12 @@ prices plans without JAX; tests check every figure against the built Flax model.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+import math
+from dataclasses import replace
 from typing import Sequence
 
 from codesign.config.types import ModelSpec
+from codesign.families.work import Gemm, Work
 
 DOT_HIDDEN = 512
 FFN_HIDDEN = 2048
@@ -109,40 +111,6 @@ def train_flops_per_sample(spec: ModelSpec) -> int:
     return 3 * forward_flops_per_sample(spec)
 
 
-@dataclass(frozen=True)
-class Work:
-    """What one layer (or mixer) costs per sample, split into the part operator parallelism
-    shards (the "mlp" logical axis: DOT's two FCs, the attention FFN) and the rest, which
-    every op device repeats. FLOPs are the forward's; activations are the elements the
-    backward keeps (residuals), inputs excluded: a ReLU's output is not one in a fused step (XLA
-    keeps its input and fuses the ReLU into the matmuls that read it); `relu` counts those
-    outputs, which a program handing its residuals out (a pipeline stage's forward) keeps too,
-    all sharded over op. The block-folded DOT (fold_dot) also works on
-    its kernel once per call, whatever the batch: `fold_kernel` is the kernel (F_in^2 x hidden,
-    sharded over op) it reads to fold and its gradient unfolds into, `fold_rows` the folded rows
-    it keeps for the backward."""
-
-    flops: int = 0
-    sharded_flops: int = 0
-    params: int = 0
-    sharded_params: int = 0
-    activations: int = 0
-    sharded_activations: int = 0
-    tensors: int = 0  # parameter arrays: each is its own gradient collective unless XLA combines them
-    fold_kernel: int = 0  # per call: the block fold's kernel elements (fp32), read to fold, written unfolding
-    fold_rows: int = 0  # per call: the folded kernel rows (compute precision), a residual of the call
-    relu: int = 0  # ReLU outputs (sharded), residuals only of a program that hands them out
-    skipped_backward: int = 0  # backward FLOPs the step never runs: the first layer's input gradient
-
-    def __add__(self, other: Work) -> Work:
-        return Work(*(a + b for a, b in zip(self.astuple(), other.astuple())))
-
-    def astuple(self) -> tuple[int, ...]:
-        return (self.flops, self.sharded_flops, self.params, self.sharded_params,
-                self.activations, self.sharded_activations, self.tensors, self.fold_kernel, self.fold_rows,
-                self.relu, self.skipped_backward)
-
-
 def mixer_work(kind: str, f_in: int, out: int, emb: int, fold_dot: bool = False, first: bool = False) -> Work:
     """Per-sample work of one mixer as the engine runs it (fold_dot: the DOT over the Gram's
     upper blocks). Activations: DOT keeps its Gram matrix (the upper blocks when folded), its
@@ -180,11 +148,13 @@ def _mixer_work(kind: str, f_in: int, out: int, emb: int, fold_dot: bool) -> Wor
         sharded = 2 * pairs * DOT_HIDDEN + 2 * DOT_HIDDEN * od
         return Work(flops, sharded, params, f_in * f_in * DOT_HIDDEN + DOT_HIDDEN + DOT_HIDDEN * od,
                     pairs + DOT_HIDDEN + od, DOT_HIDDEN, 4,
-                    f_in * f_in * DOT_HIDDEN if fold_dot else 0, pairs * DOT_HIDDEN if fold_dot else 0, DOT_HIDDEN)
+                    f_in * f_in * DOT_HIDDEN if fold_dot else 0, pairs * DOT_HIDDEN if fold_dot else 0, DOT_HIDDEN,
+                    reduced=od)
     if kind == "ATTENTION":
         ffn = 2 * 2 * od * FFN_HIDDEN
         return Work(flops, ffn, params, 2 * emb * FFN_HIDDEN + FFN_HIDDEN,
-                    12 * od + 2 * out * out + out * FFN_HIDDEN, out * FFN_HIDDEN, 13, relu=out * FFN_HIDDEN)
+                    12 * od + 2 * out * out + out * FFN_HIDDEN, out * FFN_HIDDEN, 13, relu=out * FFN_HIDDEN,
+                    reduced=od)
     if kind == "CONVOLUTION":
         return Work(flops, 0, params, 0, 2 * emb * f_in + od, 0, 4)
     return Work(flops, 0, params, 0, od, 0, 2)
@@ -215,24 +185,6 @@ def input_width(spec: ModelSpec) -> int:
     return spec.emb_dim * spec.num_features
 
 
-@dataclass(frozen=True)
-class Gemm:
-    """One matmul of a mixer, per sample: the GEMM's m is samples x `rows` (batched einsums as
-    one GEMM of their stacked rows), then n and k. `split`: the dimension op shards ("n", "k",
-    or "" where every op device repeats it); `input_facing`: its input gradient is one the first
-    layer's backward skips (input_gradient_flops)."""
-
-    rows: int
-    n: int
-    k: int
-    split: str = ""
-    input_facing: bool = False
-
-    @property
-    def flops(self) -> int:
-        return 2 * self.rows * self.n * self.k
-
-
 def mixer_gemms(kind: str, f_in: int, out: int, emb: int, fold_dot: bool = False) -> tuple[Gemm, ...]:
     """A mixer's matmuls, as the engine runs them (their FLOPs sum to mixer_flops; a convolution's
     taps are not a matmul: its FLOPs outside these)."""
@@ -260,3 +212,8 @@ def layer_own_gemms(spec: ModelSpec, i: int) -> tuple[Gemm, ...]:
     """Layer i's own matmul: the skip projection, where the widths differ."""
     f_in, skip = layer_widths(spec, i)
     return (Gemm(spec.emb_dim, f_in, skip),) if i > 0 and skip != f_in else ()
+
+
+def op_widths(spec: ModelSpec) -> int:
+    """What op shards (the DOT and FFN hidden widths): op must divide it evenly."""
+    return math.gcd(DOT_HIDDEN, FFN_HIDDEN)
