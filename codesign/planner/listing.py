@@ -39,6 +39,9 @@ from codesign.planner.space import MANUAL, Candidate, all_plans, same_plan
 
 log = logging.getLogger(__name__)
 
+# The manual listing's finest cut: its plans grow combinatorially with groups, and a deep model
+# (a transformer's dozens of layers) would list millions of them.
+MANUAL_GROUPS = 8
 COLUMNS = ("model", "cluster", "micro_batches", "space", "rank", "plan", "fits", "time_ms", "memory_gib",
            "speedup_vs_dp", "compute_ms", "communication_ms", "bubble_ms", "optimizer_ms",
            "params_gib", "grads_gib", "adam_gib", "activations_gib", "workspace_gib", "manual",
@@ -107,11 +110,12 @@ def _auto_blocks(job: Job, config: Config, book: ProfileBook, objective: Objecti
 
 def _manual_blocks(job: Job, config: Config, book: ProfileBook, objective: Objective) -> Iterator[Block]:
     """Where manual specs run: the space's plans a manual spec could express, one group per
-    layer; each manual spec marked on its plan, which is added where the space lacks it."""
+    layer up to MANUAL_GROUPS groups; each manual spec marked on its plan, which is added where
+    the space lacks it."""
     specs = _specs(job, config, auto=False)
     if not specs:
         return
-    groups = job.model.num_zhen_layers
+    groups = min(job.model.num_layers, MANUAL_GROUPS)
     spaced = dataclasses.replace(job, parallel=ParallelSpec("manual", (job.num_micro_batches,), groups))
     workload = Workload.of(spaced, book.for_job(spaced), config.links)
     plans = [Candidate(p, estimate(workload, p)) for p in all_plans(spaced, MANUAL)]
