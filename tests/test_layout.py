@@ -133,6 +133,7 @@ BENCH_SMOKE = {  # "{db}": a copy of the 0.1.0 results DB
     "bench_learning.py": ["--jobs", "1", "--base", "builtin"],  # measuring the base takes a minute
     "bench_energy.py": ["--groups", "2"],
     "bench_calibrations.py": ["--config", str(DATA / "one_cpu_job.toml")],
+    "bench_megatron.py": [],  # its rows' Auto searches (--auto) take minutes; tests/test_transformer.py runs two
 }
 
 
