@@ -190,3 +190,23 @@ def test_the_example_configs_hold_merak_zeus_sizes_and_every_plan_prices():
                     priced = estimate(Workload.of(job, book.for_job(job)), make_plan(job))
                     assert 0 < priced.seconds < 60 and priced.fits, (name, model.summary(), cluster.summary())
     assert seen == set(MERAK_PARAMS)
+
+
+def test_a_simulated_transformer_sweep_is_recorded_and_reported(tmp_path):
+    """`codesign run` prices a transformer's plans on a simulated cluster and records them in
+    table `results` with its layers and width where ZHEN's go; the report names the model."""
+    import sqlite3
+
+    from tests.conftest import run_cli
+
+    config = write(tmp_path, GPT.format(extra="").replace('description = "tensor parallel"', 'description = "Auto search"')
+                   .replace('"(pp, dp, op)" = [1, 2, 8]\n', "num_auto_layers = 2\n"))
+    done = run_cli("-c", str(config), "-d", "r.db", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    with sqlite3.connect(tmp_path / "r.db") as db:
+        rows = db.execute("SELECT status, num_zhen_layers, emb_dimensions, input_batch_size, avg_batch_size_per_gpu, "
+                          "predicted_time FROM attempts").fetchall()
+    assert [r[:5] for r in rows] == [("simulated", 12, 768, 64, 4)] and rows[0][5] > 0
+    report = run_cli("report", "-d", "r.db", "-o", "rep", cwd=tmp_path)
+    assert report.returncode == 0, report.stderr[-2000:]
+    assert "GPT L12 H768 A12 S1024" in (tmp_path / "rep" / "summary.csv").read_text()
