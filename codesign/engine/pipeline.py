@@ -1,7 +1,7 @@
 """pp > 1: an MPMD pipeline, each stage its own compiled programs on its own (dp, op) submesh.
 
-ZHEN layers differ from one another, so stages are not one SPMD loop: every stage compiles,
-before step 0,
+A model's layers differ (ZHEN's from one another, a transformer's first and last from the
+rest), so stages are not one SPMD loop: every stage compiles, before step 0,
 - forward(params, inputs) -> (out, residuals): its layer groups under `jax.vjp` (the last stage's
   out is its micro-batch's share of the loss). The residuals are the vjp's saved arrays minus those
   the caller holds anyway (parameters, the stage's inputs), so no micro-batch keeps a weight copy,
@@ -145,10 +145,10 @@ def stage_programs(job: Job, plan: Plan, index: int, activations: NamedSharding,
         return tree if axis or tree is None else jax.lax.with_sharding_constraint(tree, shardings)
 
     def run(params, diff, const):
-        carry = diff[0] if index > 0 else (const[0].astype(dtype), None)
+        carry = diff[0] if index > 0 else programs.input_carry(const[0], dtype)
         out = apply(params, carry)
         if last:  # a shard's mean over its samples, a 1/shards share of the micro-batch's
-            return programs.mse(out[1], const[-1]) / (plan.num_micro_batches * shards)
+            return programs.loss(job, out[1], const[-1]) / (plan.num_micro_batches * shards)
         return placed(out, activations)
 
     def split(inputs):  # (differentiable, constant): stage 0 takes x; the last also takes y

@@ -1,9 +1,11 @@
 """What every compiled stage program shares: its mesh, its shardings, and what it costs.
 
-A stage is one (dp, op) submesh running a contiguous run of ZHEN layers. pp = 1 runs one
-stage as a single fused step (runtime.py); pp > 1 runs several as an MPMD pipeline
-(pipeline.py). Both place parameters by the plan's logical-axis rules and, with
-`prefer_reduce_scatter`, shard gradients and Adam's moments over dp (ZeRO-2).
+A stage is one (dp, op) submesh running a contiguous run of the model's layers; whatever is the
+model's (its layers, batch and loss) comes from its family's `network` (codesign.families), so
+every family runs through the same programs. pp = 1 runs one stage as a single fused step
+(step.py); pp > 1 runs several as an MPMD pipeline (pipeline.py). Both place parameters by the
+plan's logical-axis rules and, with `prefer_reduce_scatter`, shard gradients and Adam's moments
+over dp (ZeRO-2).
 """
 
 from __future__ import annotations
@@ -23,13 +25,13 @@ import optax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from codesign.config.types import Job, ModelSpec
+from codesign import families
+from codesign.config.types import Job, Model
 from codesign.engine.options import EngineOptions, engine_options, run_once_options
 from codesign.cost.plan import MESH_AXES, Plan, StagePlan
-from codesign.zhen import counts, network
 
 DTYPES = {"fp32": jnp.float32, "bf16": jnp.bfloat16}
-ParamSource = Callable[[ModelSpec, tuple[int, ...], int], dict]  # (model, a stage's layers, seed) -> {layer_i: ...}
+ParamSource = Callable[[Model, tuple[int, ...], int], dict]  # (model, a stage's layers, seed) -> {layer_i: ...}
 
 
 class Training(Protocol):
@@ -66,11 +68,12 @@ def batch_sharding(mesh: Mesh, plan: Plan, leading: int = 0) -> NamedSharding:
 def stage_parameters(job: Job, plan: Plan, stage: StagePlan, mesh: Mesh) -> tuple[dict, dict]:
     """The stage's abstract parameters and their shardings from the rules table, both derived
     from one abstract initialisation (nothing allocated)."""
+    network = families.network(job.model)
     boxed = jax.eval_shape(lambda k: network.init_params(job.model, k, layers=stage.layers), jax.random.key(0))
     return nn.meta.unbox(boxed), nn.logical_to_mesh_sharding(nn.get_partition_spec(boxed), mesh, plan.rules)
 
 
-def initial_params(model: ModelSpec, layers: tuple[int, ...], seed: int) -> dict:
+def initial_params(model: Model, layers: tuple[int, ...], seed: int) -> dict:
     """The initial parameters of a stage's layers, unsharded on one device: one program per
     model and stage whatever the plan, so a process compiles it once (and the persistent cache
     serves it to the next job). Its random draws unroll into ~500 fusions, so it compiles with
@@ -79,9 +82,9 @@ def initial_params(model: ModelSpec, layers: tuple[int, ...], seed: int) -> dict
 
 
 @functools.cache
-def _initial_params_program() -> Callable[[ModelSpec, tuple[int, ...], int], dict]:
-    def initial(model: ModelSpec, layers: tuple[int, ...], seed: int) -> dict:
-        return nn.meta.unbox(network.init_params(model, jax.random.key(seed), layers=layers))
+def _initial_params_program() -> Callable[[Model, tuple[int, ...], int], dict]:
+    def initial(model: Model, layers: tuple[int, ...], seed: int) -> dict:
+        return nn.meta.unbox(families.network(model).init_params(model, jax.random.key(seed), layers=layers))
 
     return jax.jit(initial, static_argnums=(0, 1, 2), compiler_options=run_once_options(jax.default_backend()))
 
@@ -186,29 +189,30 @@ def placed_shapes(shapes: Any, shardings: Any) -> Any:
 
 def batch_shapes(job: Job, micro_batches: int) -> tuple[jax.ShapeDtypeStruct, jax.ShapeDtypeStruct]:
     """Shapes of synthetic_batch's (inputs, targets), micro-batch leading."""
-    m, b = job.model, job.global_batch
+    b = job.global_batch
     per = (micro_batches, b // micro_batches)
-    return (jax.ShapeDtypeStruct((*per, m.emb_dim, m.num_features), DTYPES[job.training.precision]),
-            jax.ShapeDtypeStruct((*per, counts.output_width(m)), jnp.float32))
+    return tuple(jax.ShapeDtypeStruct((*per, *a.shape[1:]), a.dtype)
+                 for a in families.network(job.model).batch_shapes(job.model, b, DTYPES[job.training.precision]))
 
 
 def synthetic_batch(job: Job, micro_batches: int, x_sharding: NamedSharding,
                     y_sharding: NamedSharding) -> tuple[jax.Array, jax.Array]:
-    """Fixed random inputs and targets (micro-batch leading), identical for every plan of the job.
-    Inputs come in the compute precision, as a bf16 data pipeline would feed them: the step does
-    not convert them (the model casts its input to that precision first, so the values are the same)."""
-    m, b = job.model, job.global_batch
+    """Fixed random inputs and targets (micro-batch leading), identical for every plan of the job,
+    drawn as the model's family draws them. Floating inputs come in the compute precision, as a
+    bf16 data pipeline would feed them: the step does not convert them (the model casts its input
+    to that precision first, so the values are the same)."""
+    m, b, network = job.model, job.global_batch, families.network(job.model)
 
     def key(which: int) -> jax.Array:
         return jax.random.split(jax.random.key(job.training.seed + 1))[which]
 
     def inputs():
-        x = jax.random.normal(key(0), (b, m.emb_dim, m.num_features), jnp.float32)
-        return x.astype(DTYPES[job.training.precision]).reshape(micro_batches, b // micro_batches, *x.shape[1:])
+        x = network.synthetic_inputs(m, key(0), b, DTYPES[job.training.precision])
+        return x.reshape(micro_batches, b // micro_batches, *x.shape[1:])
 
     def targets():
-        y = jax.random.normal(key(1), (b, counts.output_width(m)), jnp.float32)
-        return y.reshape(micro_batches, b // micro_batches, -1)
+        y = network.synthetic_targets(m, key(1), b)
+        return y.reshape(micro_batches, b // micro_batches, *y.shape[1:])
 
     options = run_once_options(jax.default_backend())
     return (jax.jit(inputs, out_shardings=x_sharding, compiler_options=options)(),
@@ -230,7 +234,7 @@ JOB_VALUES = StartingValues()
 
 def apply_groups(job: Job, groups: tuple[tuple[int, ...], ...], remat: bool, options: EngineOptions):
     """(params, carry) -> carry through the layer groups, each group a jax.checkpoint region with remat."""
-    dtype = DTYPES[job.training.precision]
+    dtype, network = DTYPES[job.training.precision], families.network(job.model)
 
     def apply_group(layers, params, carry):
         return network.apply_layers(job.model, params, carry, layers, options, dtype, job.training.fold_dot)
@@ -245,16 +249,34 @@ def apply_groups(job: Job, groups: tuple[tuple[int, ...], ...], remat: bool, opt
     return apply
 
 
-def varying(tree: Any, like: jax.Array) -> Any:
-    """tree cast, leaf by leaf, to vary over the manual axes `like` varies over
-    (network.varying_like): inside shard_map, so that gradients taken with respect to it stay
-    the shard's own until an explicit psum."""
-    return jax.tree.map(lambda a: network.varying_like(a, like), tree)
+def input_carry(x: jax.Array, dtype) -> tuple[jax.Array, None]:
+    """The first layer's carry: the batch's inputs, floating ones in the compute precision
+    (integer ones, a transformer's token ids, as they are), and no previous layer's output."""
+    return (x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x), None
+
+
+def loss(job: Job, out: jax.Array, y: jax.Array) -> jax.Array:
+    """The model's loss (its family's network.loss) of its output `out` against targets y."""
+    return families.network(job.model).loss(out, y)
 
 
 def mse(out: jax.Array, y: jax.Array) -> jax.Array:
-    out = out.astype(jnp.float32)
-    return jnp.mean((out.reshape(out.shape[0], -1) - y) ** 2)
+    """ZHEN's loss (codesign.zhen.network.loss) under its former name here; the engine calls
+    loss(job, ...), its family's."""
+    from codesign.zhen import network
+    return network.loss(out, y)
+
+
+def varying(tree: Any, like: jax.Array) -> Any:
+    """tree cast, leaf by leaf, to vary over the manual axes `like` varies over: inside
+    shard_map, so that gradients taken with respect to it stay the shard's own until an explicit
+    psum (the cast is ZHEN's network.varying_like; any family's parameters take it)."""
+    axes = jax.typeof(like).manual_axis_type.varying
+
+    def cast(x: jax.Array) -> jax.Array:
+        return jax.lax.pcast(x, tuple(sorted(axes - jax.typeof(x).manual_axis_type.varying)), to="varying")
+
+    return jax.tree.map(cast, tree)
 
 
 class DoesNotFit(Exception):

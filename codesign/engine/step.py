@@ -122,12 +122,13 @@ class SingleStage:
 
 
 def loss_fn(job: Job, groups: tuple[tuple[int, ...], ...], remat: bool, options: EngineOptions) -> Callable:
-    """Mean squared error of ZHEN applied group by group, each group optionally rematerialised."""
+    """The model's loss (its family's) of the model applied group by group, each group optionally
+    rematerialised."""
     apply = programs.apply_groups(job, groups, remat, options)
 
     def loss(params, x, y):
-        _, out = apply(params, (x.astype(programs.DTYPES[job.training.precision]), None))
-        return programs.mse(out, y)
+        _, out = apply(params, programs.input_carry(x, programs.DTYPES[job.training.precision]))
+        return programs.loss(job, out, y)
 
     return loss
 

@@ -417,3 +417,25 @@ def forward(spec: ModelSpec, params: dict, x: jax.Array, options: EngineOptions,
             fold_dot: bool = False) -> jax.Array:
     _, out = apply_layers(spec, params, (x, None), range(spec.num_zhen_layers), options, dtype, fold_dot)
     return out.reshape(out.shape[0], -1)
+
+
+def batch_shapes(spec: ModelSpec, batch: int, dtype) -> tuple[jax.ShapeDtypeStruct, jax.ShapeDtypeStruct]:
+    """Shapes of a batch of `batch` samples' (inputs, targets): inputs in the compute precision."""
+    return (jax.ShapeDtypeStruct((batch, spec.emb_dim, spec.num_features), dtype),
+            jax.ShapeDtypeStruct((batch, counts.output_width(spec)), jnp.float32))
+
+
+def synthetic_inputs(spec: ModelSpec, key: jax.Array, batch: int, dtype) -> jax.Array:
+    """Random normal inputs (batch, D, F), drawn in fp32 and given in the compute precision."""
+    return jax.random.normal(key, (batch, spec.emb_dim, spec.num_features), jnp.float32).astype(dtype)
+
+
+def synthetic_targets(spec: ModelSpec, key: jax.Array, batch: int) -> jax.Array:
+    """Random normal targets (batch, the model's output width), fp32."""
+    return jax.random.normal(key, (batch, counts.output_width(spec)), jnp.float32)
+
+
+def loss(out: jax.Array, y: jax.Array) -> jax.Array:
+    """Mean squared error, in fp32, of the last layer's output against the targets."""
+    out = out.astype(jnp.float32)
+    return jnp.mean((out.reshape(out.shape[0], -1) - y) ** 2)
