@@ -5,7 +5,6 @@ import pytest
 
 from bench import reference_step
 from codesign.config.types import ModelSpec
-from codesign.engine import programs
 from codesign.engine.options import engine_options
 from codesign.zhen import counts, network
 
@@ -19,7 +18,7 @@ def test_reference_step_has_the_project_loss_and_gradients_at_init():
     y = jax.random.normal(jax.random.key(2), (5, counts.output_width(SPEC)))
 
     def project(p):
-        return programs.mse(network.forward(SPEC, p, x, engine_options("cpu", "fp32")), y)
+        return network.loss(network.forward(SPEC, p, x, engine_options("cpu", "fp32")), y)
 
     (ref, g_ref), (own, g_own) = (jax.jit(jax.value_and_grad(f))(params)
                                   for f in (lambda p: reference_step.loss(SPEC, p, x, y), project))

@@ -276,7 +276,7 @@ def test_the_convolutions_written_out_backward_is_lax_convs_gradient(one_reducti
 def test_the_convolutions_gradient_inside_shard_map_sums_the_shards():
     """With the batch split over two devices by shard_map, the replicated kernel's and bias's
     gradients come out replicated, the sum over the shards as JAX differentiates a broadcast
-    (the custom VJP's are as varying as its cotangent; network.varying_like's cast makes the
+    (the custom VJP's are as varying as its cotangent; programs.varying_like's cast makes the
     sum), equal to the unsharded ones."""
     from tests.conftest import run_on_devices
 

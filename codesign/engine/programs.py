@@ -260,23 +260,19 @@ def loss(job: Job, out: jax.Array, y: jax.Array) -> jax.Array:
     return families.network(job.model).loss(out, y)
 
 
-def mse(out: jax.Array, y: jax.Array) -> jax.Array:
-    """ZHEN's loss (codesign.zhen.network.loss) under its former name here; the engine calls
-    loss(job, ...), its family's."""
-    from codesign.zhen import network
-    return network.loss(out, y)
+def varying_like(x: jax.Array, z: jax.Array) -> jax.Array:
+    """x made to vary over the manual axes z varies over (inside shard_map): a custom VJP returns
+    gradients as varying as its cotangent, and the sum over those axes then happens outside it,
+    in the transpose of this cast, as it does for a differentiated broadcast."""
+    varying = jax.typeof(z).manual_axis_type.varying - jax.typeof(x).manual_axis_type.varying
+    return jax.lax.pcast(x, tuple(sorted(varying)), to="varying")
 
 
 def varying(tree: Any, like: jax.Array) -> Any:
-    """tree cast, leaf by leaf, to vary over the manual axes `like` varies over: inside
-    shard_map, so that gradients taken with respect to it stay the shard's own until an explicit
-    psum (the cast is ZHEN's network.varying_like; any family's parameters take it)."""
-    axes = jax.typeof(like).manual_axis_type.varying
-
-    def cast(x: jax.Array) -> jax.Array:
-        return jax.lax.pcast(x, tuple(sorted(axes - jax.typeof(x).manual_axis_type.varying)), to="varying")
-
-    return jax.tree.map(cast, tree)
+    """tree cast, leaf by leaf, to vary over the manual axes `like` varies over (varying_like):
+    inside shard_map, so that gradients taken with respect to it stay the shard's own until an
+    explicit psum."""
+    return jax.tree.map(lambda a: varying_like(a, like), tree)
 
 
 class DoesNotFit(Exception):

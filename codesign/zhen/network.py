@@ -20,6 +20,7 @@ import numpy as np
 
 from codesign.config.types import ModelSpec
 from codesign.engine.options import EngineOptions, engine_options
+from codesign.engine.programs import varying_like
 from codesign.zhen import counts
 from codesign.zhen.counts import CONV_KERNEL, DOT_HIDDEN, FFN_HIDDEN, layer_widths
 
@@ -241,14 +242,6 @@ class SameConv(nn.Module):
         taps = varying_like(kernel.reshape(k, k).astype(self.dtype).astype(jnp.float32), z)
         bias = varying_like(bias.astype(self.dtype).astype(jnp.float32), z)
         return shifted_conv(bias, z, taps, self.one_reduction_sums).astype(self.dtype)
-
-
-def varying_like(x: jax.Array, z: jax.Array) -> jax.Array:
-    """x made to vary over the manual axes z varies over (inside shard_map): a custom VJP returns
-    gradients as varying as its cotangent, and the sum over those axes then happens outside it,
-    in the transpose of this cast, as it does for a differentiated broadcast."""
-    varying = jax.typeof(z).manual_axis_type.varying - jax.typeof(x).manual_axis_type.varying
-    return jax.lax.pcast(x, tuple(sorted(varying)), to="varying")
 
 
 def _windows(z: jax.Array, k: int) -> list[jax.Array]:
