@@ -243,8 +243,8 @@ def listed_plan(job, row):
 @pytest.mark.parametrize("groups", [1, 2])
 def test_the_csvs_samples_per_joule_are_its_plans_estimates(tmp_path, groups):
     table, config = ranked_csv(tmp_path, groups)
-    assert list(table.columns) == list(ranking.COLUMNS) and list(table.columns[-2:]) == ["samples_per_joule",
-                                                                                         "energy_frontier"]
+    assert list(table.columns) == list(ranking.COLUMNS) and list(table.columns[-3:]) == ["samples_per_joule",
+                                                                                         "energy_frontier", "gemms"]
     found = ranking.candidates(query())
     targets = {t.cluster.summary(): t for t in ranking.targets(config, lambda c: "sim")}
     priced = table[table["rank"].notna()]

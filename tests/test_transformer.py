@@ -1,6 +1,7 @@
 """The transformer family: its config keys, its counts against the published formulas, its
 pricing on simulated clusters, and Megatron-LM's published runs (tests/published_megatron.py)."""
 
+import json
 import statistics
 import sys
 from pathlib import Path
@@ -210,3 +211,80 @@ def test_a_simulated_transformer_sweep_is_recorded_and_reported(tmp_path):
     report = run_cli("report", "-d", "r.db", "-o", "rep", cwd=tmp_path)
     assert report.returncode == 0, report.stderr[-2000:]
     assert "GPT L12 H768 A12 S1024" in (tmp_path / "rep" / "summary.csv").read_text()
+
+
+def test_the_shapes_of_a_budget_are_within_its_tolerance_at_the_listed_head_dims():
+    from codesign.transformer import search
+
+    base = TransformerSpec(24, 1024, 16, 1024, vocab=50304)
+    found = search.shapes(base, 0.1, (64, 128))
+    target = counts.param_count(base)
+    assert found[0] == base and len(set(found)) == len(found) > 10
+    for shape in found[1:]:
+        assert abs(counts.param_count(shape) - target) / max(counts.param_count(shape), target) < 0.1
+        assert shape.head_dim in (64, 128) and shape.heads % 8 == 0 and 12 <= shape.num_layers <= 48
+        assert (shape.seq_len, shape.vocab, shape.causal, shape.ffn_hidden) == (1024, 50304, True, 4 * shape.hidden)
+
+
+def test_search_rank_of_a_transformer_base_ranks_its_shapes_with_their_gemms(tmp_path):
+    """`codesign search --rank` with a transformer base: every shape ranked by its own Auto search
+    on each cluster, the CSV naming each shape's GEMMs, the top shapes printed as [[model]] tables."""
+    import csv
+    import tomllib
+
+    from codesign.transformer import search
+    from tests.conftest import run_cli
+
+    config = write(tmp_path, GPT.format(extra="vocab = 50304").replace('description = "tensor parallel"', 'description = "Auto search"')
+                   .replace('"(pp, dp, op)" = [1, 2, 8]\n', ""))
+    done = run_cli("search", "--rank", "-c", str(config), "--csv", "r.csv", "--top", "2", "--head-dims", "64,128",
+                   cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    shapes = search.shapes(load_config(config).models[0], 0.1, (64, 128))
+    rows = list(csv.DictReader((tmp_path / "r.csv").open()))
+    assert [r["model"] for r in rows] == [s.summary() for s in shapes]
+    assert sorted(int(r["rank"]) for r in rows if r["rank"]) == list(range(1, len(rows) + 1))
+    assert all(r["gemms"] == search.gemms(s) and r["searched"] == "full" for r, s in zip(rows, shapes))
+    assert any(r["pareto"] == "1" for r in rows)
+    printed = tomllib.loads(done.stdout)["model"]
+    assert len(printed) == 2 and all(m["family"] == "transformer" for m in printed)
+    best = min(rows, key=lambda r: int(r["rank"]))
+    assert TransformerSpec(**{k: v for k, v in printed[0].items() if k != "family"}).summary() == best["model"]
+
+
+def test_the_cpu_configs_transformers_run_end_to_end_under_manual_plans_and_auto_search(tmp_path):
+    """codesign/models/transformer_cpu.toml's models on its two-device cluster (the whole config,
+    12 jobs, takes minutes on two cores): a tensor-parallel and an Auto search job run, are
+    timed and recorded with a before-it-ran prediction, and a rerun attempts nothing."""
+    import sqlite3
+    import tomllib
+
+    from tests.conftest import run_cli
+
+    source = tomllib.loads(Path("codesign/models/transformer_cpu.toml").read_text())
+    models = "".join("\n[[model]]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in m.items())
+                     for m in source["model"])
+    config = tmp_path / "c.toml"
+    config.write_text("[training_spec]\nglobal_batch_size = 8\nnum_iters = 3\n" + models + """
+[[cluster_spec]]
+num_hosts = 1
+num_devices_per_host = 2
+transport = "NVLink"
+platform = "cpu"
+
+[[parallel_spec]]
+description = "tensor parallel"
+num_micro_batches = [1]
+"(pp, dp, op)" = [1, 1, 2]
+
+[[parallel_spec]]
+description = "Auto search"
+num_micro_batches = [2]
+""")
+    done = run_cli("-c", str(config), "-d", "r.db", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    with sqlite3.connect(tmp_path / "r.db") as db:
+        rows = db.execute("SELECT status, description, median, predicted_time FROM attempts").fetchall()
+    assert len(rows) == 2 * len(source["model"]) and all(r[0] == "succeeded" and r[2] > 0 and r[3] > 0 for r in rows), rows
+    again = run_cli("-c", str(config), "-d", "r.db", cwd=tmp_path)
+    assert again.returncode == 0 and "attempted: none; skipped (already recorded or running elsewhere): 4" in again.stderr

@@ -45,6 +45,8 @@ def build_parser(prog: str = "codesign search") -> argparse.ArgumentParser:
     g.add_argument("--top", metavar="K", type=positive_int, default=5, help="Candidates printed per cluster.")
     g.add_argument("--csv", metavar="PATH", default="codesign_rank.csv",
                    help="Every candidate with its figures (`codesign report --codesign PATH` draws it).")
+    g.add_argument("--head-dims", metavar="LIST", default="64,80,96,128",
+                   help="A transformer base (the config's first [[model]]): the head dimensions its shapes take.")
     g.add_argument("--run-top", metavar="N", type=int, default=0,
                    help="Run the N best of each cluster (Auto search jobs, recorded in the DB) and compare the "
                         "measured ranking with the predicted one.")
@@ -71,12 +73,17 @@ def _rank(args: argparse.Namespace) -> int:
     if args.run_top < 0:
         raise ConfigError("command line", "search --rank", "--run-top",
                           f"expected an integer >= 0, got {args.run_top}")
-    config, query = load_config(args.config), search.search_from_args(args)
+    config = load_config(args.config)
+    shapes = _transformer_shapes(config, args)
+    query = None if shapes else search.search_from_args(args)
     with session(config, args.db, None) as here:  # ranked, and with --run-top run, on this machine
         platform_of = functools.partial(platform_for, hosts=here.hosts)
         for platform in {platform_of(c) for c in config.clusters} - {"sim"} if args.run_top else ():
             here.profiles.measured_for(platform)
-        found, rankings = ranking.rank(query, config, here.profiles.book, platform_of, args.top)
+        if shapes:
+            found, rankings = shapes, ranking.rank_shapes(shapes, config, here.profiles.book, platform_of)
+        else:
+            found, rankings = ranking.rank(query, config, here.profiles.book, platform_of, args.top)
         ranking.write_toml(found, rankings, args.top, sys.stdout)
         measured, code = (_run_top(found, rankings, args.run_top, here, RunOptions(verbose=args.verbose))
                           if args.run_top else ({}, 0))
@@ -84,6 +91,27 @@ def _rank(args: argparse.Namespace) -> int:
     print(f"codesign: {len(found):,} candidates on {len(rankings)} cluster(s): {rows:,} rows in {args.csv}",
           file=sys.stderr)
     return code
+
+
+def _transformer_shapes(config, args: argparse.Namespace):
+    """With a transformer as the config's first [[model]], its shapes within --param-tolerance
+    (the ZHEN space's flags then do not apply); None for a ZHEN config, whose base the flags give."""
+    from codesign.transformer import search as shapes
+
+    base = config.models[0]
+    if base.family != "transformer":
+        return None
+    try:
+        dims = tuple(int(d) for d in args.head_dims.split(","))
+    except ValueError:
+        dims = ()
+    if not dims or min(dims) < 1:
+        raise ConfigError("command line", "search --rank", "--head-dims",
+                          f"expected comma-separated integers >= 1, got {args.head_dims!r}")
+    if not args.param_tolerance > 0:
+        raise ConfigError("command line", "search --rank", "--param-tolerance",
+                          f"expected a positive number, got {args.param_tolerance!r}")
+    return shapes.Shapes(base, tuple(shapes.shapes(base, args.param_tolerance, dims)))
 
 
 def _run_top(found: Candidates, rankings: list[Ranking], top: int, here: Session,

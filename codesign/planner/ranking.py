@@ -58,7 +58,9 @@ from codesign.config.types import (
     ParallelSpec,
     TrainingSpec,
 )
-from codesign.zhen import counts, search
+from codesign import families
+from codesign.transformer.search import Shapes
+from codesign.zhen import search
 
 log = logging.getLogger(__name__)
 DEFAULT_TOP = 5
@@ -66,7 +68,7 @@ DEFAULT_CSV = "codesign_rank.csv"
 COLUMNS = ("cluster", "micro_batches", "rank", "model", "num_zhen_layers", "tokens", "params",
            "params_vs_base", "train_gflops_per_sample", "predicted_samples_per_s", "predicted_step_ms",
            "predicted_memory_gib", "plan", "searched", "bound_samples_per_s", "pareto", "reason",
-           "measured_samples_per_s", "job_key", "samples_per_joule", "energy_frontier")
+           "measured_samples_per_s", "job_key", "samples_per_joule", "energy_frontier", "gemms")
 
 
 # -- what is ranked, and where ------------------------------------------------------------------
@@ -118,6 +120,14 @@ class Candidates:
 
     def model(self, c: int) -> ModelSpec:
         return search.decode(self.blocks[self.block[c]], int(self.index[c]), self.base)
+
+    def label(self, c: int) -> tuple[str, int, str, str]:
+        """(summary, layers, tokens as JSON, GEMM shapes: none, they follow from the tokens)."""
+        m = self.model(c)
+        return m.summary(), m.num_zhen_layers, json.dumps([list(t) for t in m.tokens]), ""
+
+    def toml(self, c: int, base_params: int) -> str:
+        return search.to_toml(search.Choice("candidate", self.model(c), int(self.params[c])), base_params)
 
     def runs(self) -> Iterator[tuple[int, search.Block, slice]]:
         """(block position, block, its candidates' slice): candidates are grouped by block."""
@@ -201,6 +211,25 @@ def rank(query: search.Search, config: Config, book: ProfileBook, platform_of: C
                          int(ranking.searched.sum()), len(found))
             bar.update(len(done.result()))
     return found, [ranked[t] for t in listed]
+
+
+def rank_shapes(found: Shapes, config: Config, book: ProfileBook,
+                platform_of: Callable[[ClusterSpec], str]) -> list[Ranking]:
+    """A family without a fast pass (transformers: tens of shapes, not millions of models): each
+    candidate's own Auto search on each target, so every figure is the plan a sweep would run."""
+    rankings = []
+    for target in targets(config, platform_of):
+        n = len(found)
+        ranking = Ranking(target, target.job(found.base, config.training).global_batch, np.full(n, np.inf),
+                          np.zeros(n), np.full(n, np.nan), np.zeros(n),
+                          np.array([families.counts(m).forward_flops_per_sample(m) for m in found.models], float),
+                          [""] * n, np.zeros(n, bool))
+        for c in tqdm(range(n), desc=f"searches on {target.cluster.summary()}", unit="shape", file=sys.stderr,
+                      disable=None, leave=False):
+            _search_one(ranking, found, config.training, book, config.links, c)
+        ranking.bound = ranking.seconds.copy()  # every plan searched: its time is its bound
+        rankings.append(ranking)
+    return rankings
 
 
 def _work(group: list[Target]) -> int:
@@ -297,7 +326,7 @@ def _invalid(target: Target, pricer: Pricer, model: ModelSpec) -> str:
     return "" if pricer.variants else "no (dp, op) of the cluster splits the micro-batch"
 
 
-def _search_one(ranking: Ranking, found: Candidates, training: TrainingSpec, book: ProfileBook,
+def _search_one(ranking: Ranking, found: Candidates | Shapes, training: TrainingSpec, book: ProfileBook,
                 links: Sequence[LinkSpec], c: int) -> None:
     """Auto search's own answer for candidate c (or why nothing fits)."""
     ranking.searched[c] = True
@@ -351,10 +380,10 @@ def agreement(predicted: Sequence[float], measured: Sequence[float]) -> dict[str
 
 # -- output ---------------------------------------------------------------------------------------
 
-def write_toml(found: Candidates, rankings: Sequence[Ranking], top: int, out) -> None:
+def write_toml(found: Candidates | Shapes, rankings: Sequence[Ranking], top: int, out) -> None:
     """The top K of each target as `[[model]]` tables, each with its plan; a model already printed
     for an earlier target is named, not repeated (a config holds each model once)."""
-    base_params = counts.param_count(found.base)
+    base_params = families.counts(found.base).param_count(found.base)
     printed: set[int] = set()
     for ranking in rankings:
         best, per_joule = ranking.top(top), ranking.samples_per_joule()
@@ -368,12 +397,11 @@ def write_toml(found: Candidates, rankings: Sequence[Ranking], top: int, out) ->
                 out.write(f"{line}; {found.model(c).summary()}, printed above\n")
                 continue
             printed.add(c)
-            choice = search.Choice("candidate", found.model(c), int(found.params[c]))
-            out.write(f"{line}\n{search.to_toml(choice, base_params)}")
+            out.write(f"{line}\n{found.toml(c, base_params)}")
         out.write("\n")
 
 
-def csv_rows(found: Candidates, rankings: Sequence[Ranking],
+def csv_rows(found: Candidates | Shapes, rankings: Sequence[Ranking],
              measured: dict[tuple[int, int], tuple[float, str]] | None = None) -> Iterator[list[object]]:
     """The CSV's rows (COLUMNS): every candidate of every target, text cells safe for a
     spreadsheet. measured: (target, candidate) -> (measured samples/s, job key) of the
@@ -381,10 +409,9 @@ def csv_rows(found: Candidates, rankings: Sequence[Ranking],
     from codesign.csv_cells import safe_cell
 
     measured = measured or {}
-    base_params = counts.param_count(found.base)
-    models = [found.model(c) for c in range(len(found))]
-    labels = [(safe_cell(m.summary()), m.num_zhen_layers, safe_cell(json.dumps([list(t) for t in m.tokens])))
-              for m in models]
+    base_params = families.counts(found.base).param_count(found.base)
+    labels = [(safe_cell(summary), layers, safe_cell(table), gemms)
+              for summary, layers, table, gemms in map(found.label, range(len(found)))]
     for t, ranking in enumerate(rankings):
         speed = ranking.samples_per_s()
         ranks = np.zeros(len(found), dtype=int)
@@ -402,7 +429,7 @@ def csv_rows(found: Candidates, rankings: Sequence[Ranking],
                    _num(speed[c]), _num(ranking.seconds[c] * 1e3), _num(ranking.memory[c] / 2**30),
                    plans[ranking.plans[c]], "full" if ranking.searched[c] else "one-program",
                    _num(bound[c]), int(frontier[c]), safe_cell(ranking.reasons.get(c, "")), _num(run[0]), run[1],
-                   _num(per_joule[c]), int(energy[c])]
+                   _num(per_joule[c]), int(energy[c]), labels[c][3]]
 
 
 def _num(value: float) -> str:
@@ -416,7 +443,7 @@ def _figure(value: float) -> str:
     return f"{value:,.{max(0, 2 - math.floor(math.log10(value)))}f}"
 
 
-def write_csv(found: Candidates, rankings: Sequence[Ranking], path: str,
+def write_csv(found: Candidates | Shapes, rankings: Sequence[Ranking], path: str,
               measured: dict[tuple[int, int], tuple[float, str]] | None = None) -> int:
     """Every candidate of every target to `path`; returns the row count."""
     import csv
