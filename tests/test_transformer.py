@@ -288,3 +288,26 @@ num_micro_batches = [2]
     assert len(rows) == 2 * len(source["model"]) and all(r[0] == "succeeded" and r[2] > 0 and r[3] > 0 for r in rows), rows
     again = run_cli("-c", str(config), "-d", "r.db", cwd=tmp_path)
     assert again.returncode == 0 and "attempted: none; skipped (already recorded or running elsewhere): 4" in again.stderr
+
+
+def test_the_learner_fits_transformer_points_as_it_fits_zhens():
+    """Points of transformer jobs measured at 1.5x their price: a refit from them is accepted and
+    prices them closer than the base profile does (the learner knows no family)."""
+    from codesign.cost.learning import Point, calibrated, refit
+    from codesign.cost.model import estimate
+    from codesign.cost.plan import make_plan
+    from codesign.hardware.profiles import BUILTIN
+
+    base, model = BUILTIN["cpu"], TransformerSpec(2, 32, 4, 16, vocab=128, ffn=64)
+    jobs = [Job(model, ClusterSpec(1, n, "NVLink", "cpu"), TrainingSpec(0, 3, global_batch_size=8),
+                ParallelSpec("manual", (m,), pp, pp_dp_op=(pp, dp, op)), m, "cpu")
+            for n, (pp, dp, op), m in [(2, (1, 2, 1), 1), (2, (1, 1, 2), 1), (4, (1, 4, 1), 1), (4, (1, 2, 2), 1),
+                                       (4, (2, 2, 1), 2), (2, (1, 2, 1), 2), (4, (1, 1, 4), 1), (2, (2, 1, 1), 2)]]
+    priced = [estimate(Workload.of(j, base), make_plan(j)) for j in jobs]
+    points = [Point(j, make_plan(j), (), "succeeded", 1.5 * e.seconds, e.peak_bytes, f"t.db#{i}")
+              for i, (j, e) in enumerate(zip(jobs, priced))]
+    found = refit(base, points, None, 1, 0.0)
+    assert found.accepted and found.held_out_error < found.previous_error
+    learned = calibrated(base, found)
+    errors = [abs(estimate(Workload.of(p.job, learned), p.plan).seconds / p.seconds - 1) for p in points]
+    assert max(errors) < 1 / 3  # the base profile's error on every point
