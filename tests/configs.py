@@ -23,6 +23,15 @@ transport = "NVLink"
 platform = "cpu"
 """
 
+# Two virtual CPU devices of one host.
+TWO_CPU_DEVICES = """
+[[cluster_spec]]
+num_hosts = 1
+num_devices_per_host = 2
+transport = "NVLink"
+platform = "cpu"
+"""
+
 # Every mixer kind in each of two layers: pp 2 splits it, and each plan compiles in seconds.
 EVERY_MIXER_MODEL = """
 [[model]]
@@ -34,13 +43,7 @@ tokens = ["DOT", "ATTENTION", "LINEAR", "CONVOLUTION"]
 """
 
 # One job runs, one is invalid (global batch 8 over 3 micro-batches).
-SMALL_CONFIG = SMALL_HEAD + """
-[[cluster_spec]]
-num_hosts = 1
-num_devices_per_host = 2
-transport = "NVLink"
-platform = "cpu"
-
+SMALL_CONFIG = SMALL_HEAD + TWO_CPU_DEVICES + """
 [[parallel_spec]]
 description = "data parallel"
 num_micro_batches = [1, 3]

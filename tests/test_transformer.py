@@ -17,6 +17,7 @@ from codesign.cost.workload import Submesh, Workload
 from codesign.errors import ConfigError
 from codesign.hardware.profiles import ProfileBook
 from codesign.transformer import counts
+from tests.configs import TWO_CPU_DEVICES
 from tests.published_megatron import SC21_TABLE_1
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
@@ -265,13 +266,7 @@ def test_the_cpu_configs_transformers_run_end_to_end_under_manual_plans_and_auto
     models = "".join("\n[[model]]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in m.items())
                      for m in source["model"])
     config = tmp_path / "c.toml"
-    config.write_text("[training_spec]\nglobal_batch_size = 8\nnum_iters = 3\n" + models + """
-[[cluster_spec]]
-num_hosts = 1
-num_devices_per_host = 2
-transport = "NVLink"
-platform = "cpu"
-
+    config.write_text("[training_spec]\nglobal_batch_size = 8\nnum_iters = 3\n" + models + TWO_CPU_DEVICES + """
 [[parallel_spec]]
 description = "tensor parallel"
 num_micro_batches = [1]
