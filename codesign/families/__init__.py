@@ -14,6 +14,7 @@ This module imports no family until one is asked for, and never JAX.
 
 from __future__ import annotations
 
+import functools
 import importlib
 from types import ModuleType
 from typing import Any
@@ -21,15 +22,16 @@ from typing import Any
 PACKAGES = {"zhen": "codesign.zhen", "transformer": "codesign.transformer"}
 
 
-def _module(model: Any, part: str) -> ModuleType:
-    return importlib.import_module(f"{PACKAGES[model.family]}.{part}")
+@functools.cache  # the cost model asks per stage it prices: a lookup, not an import, each time
+def _module(family: str, part: str) -> ModuleType:
+    return importlib.import_module(f"{PACKAGES[family]}.{part}")
 
 
 def counts(model: Any) -> ModuleType:
     """The model's family's analytical counts (pure)."""
-    return _module(model, "counts")
+    return _module(model.family, "counts")
 
 
 def network(model: Any) -> ModuleType:
     """The model's family's Flax network (imports JAX)."""
-    return _module(model, "network")
+    return _module(model.family, "network")
