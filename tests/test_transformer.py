@@ -254,9 +254,10 @@ def test_search_rank_of_a_transformer_base_ranks_its_shapes_with_their_gemms(tmp
 
 
 def test_the_cpu_configs_transformers_run_end_to_end_under_manual_plans_and_auto_search(tmp_path):
-    """codesign/models/transformer_cpu.toml's models on its two-device cluster (the whole config,
-    12 jobs, takes minutes on two cores): a tensor-parallel and an Auto search job run, are
-    timed and recorded with a before-it-ran prediction, and a rerun attempts nothing."""
+    """codesign/models/transformer_cpu.toml's GPT on its two-device cluster (the whole config,
+    12 jobs, takes minutes on two cores; test_transformer_plans runs an encoder's layers): a
+    tensor-parallel and an Auto search job run, are timed and recorded with a before-it-ran
+    prediction, and a rerun attempts nothing."""
     import sqlite3
     import tomllib
 
@@ -264,7 +265,7 @@ def test_the_cpu_configs_transformers_run_end_to_end_under_manual_plans_and_auto
 
     source = tomllib.loads(Path("codesign/models/transformer_cpu.toml").read_text())
     models = "".join("\n[[model]]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in m.items())
-                     for m in source["model"])
+                     for m in source["model"][:1])
     config = tmp_path / "c.toml"
     config.write_text("[training_spec]\nglobal_batch_size = 8\nnum_iters = 3\n" + models + TWO_CPU_DEVICES + """
 [[parallel_spec]]
@@ -280,9 +281,9 @@ num_micro_batches = [2]
     assert done.returncode == 0, done.stderr[-3000:]
     with sqlite3.connect(tmp_path / "r.db") as db:
         rows = db.execute("SELECT status, description, median, predicted_time FROM attempts").fetchall()
-    assert len(rows) == 2 * len(source["model"]) and all(r[0] == "succeeded" and r[2] > 0 and r[3] > 0 for r in rows), rows
+    assert len(rows) == 2 and all(r[0] == "succeeded" and r[2] > 0 and r[3] > 0 for r in rows), rows
     again = run_cli("-c", str(config), "-d", "r.db", cwd=tmp_path)
-    assert again.returncode == 0 and "attempted: none; skipped (already recorded or running elsewhere): 4" in again.stderr
+    assert again.returncode == 0 and "attempted: none; skipped (already recorded or running elsewhere): 2" in again.stderr
 
 
 def test_the_learner_fits_transformer_points_as_it_fits_zhens():
