@@ -188,11 +188,13 @@ def placed_shapes(shapes: Any, shardings: Any) -> Any:
 
 
 def batch_shapes(job: Job, micro_batches: int) -> tuple[jax.ShapeDtypeStruct, jax.ShapeDtypeStruct]:
-    """Shapes of synthetic_batch's (inputs, targets), micro-batch leading."""
-    b = job.global_batch
-    per = (micro_batches, b // micro_batches)
-    return tuple(jax.ShapeDtypeStruct((*per, *a.shape[1:]), a.dtype)
-                 for a in families.network(job.model).batch_shapes(job.model, b, DTYPES[job.training.precision]))
+    """Shapes of synthetic_batch's (inputs, targets), micro-batch leading: its family's draws,
+    traced, not run."""
+    m, b, network = job.model, job.global_batch, families.network(job.model)
+    per, key = (micro_batches, b // micro_batches), jax.random.key(0)
+    drawn = (jax.eval_shape(lambda: network.synthetic_inputs(m, key, b, DTYPES[job.training.precision])),
+             jax.eval_shape(lambda: network.synthetic_targets(m, key, b)))
+    return tuple(jax.ShapeDtypeStruct((*per, *a.shape[1:]), a.dtype) for a in drawn)
 
 
 def synthetic_batch(job: Job, micro_batches: int, x_sharding: NamedSharding,

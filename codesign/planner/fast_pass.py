@@ -437,7 +437,7 @@ def stage_floors(pricer: Pricer, sums: np.ndarray, devices: tuple[int, ...]) -> 
         for dp, op in meshes(job, len(devices), axis):
             mesh = Submesh(devices, dp, op, axis)
             if mesh not in computes:  # ZeRO-2 or not, a mesh computes alike
-                reduced = mixers * job.model.output_per_emb * job.model.emb_dim  # each sharded mixer's output
+                reduced = mixers * counts.op_reduced(job.model.output_per_emb, job.model.emb_dim)
                 kind, collectives = op_collective(w, counts.Work(sharded_params=weights, reduced=reduced),
                                                   w.micro_batch / mesh.batch_shards, mesh, mixers) if op > 1 else ("", 0.0)
                 forward, backward = _share(by_shards[:, pricer.shards.index(mesh.batch_shards)], mesh)

@@ -153,12 +153,6 @@ def forward(spec: TransformerSpec, params: dict, x: jax.Array, options: EngineOp
     return out
 
 
-def batch_shapes(spec: TransformerSpec, batch: int, dtype) -> tuple[jax.ShapeDtypeStruct, jax.ShapeDtypeStruct]:
-    """Shapes of a batch of `batch` sequences' (inputs, targets): token ids, int32 in any precision."""
-    ids = jax.ShapeDtypeStruct((batch, spec.seq_len), jnp.int32)
-    return ids, ids
-
-
 def synthetic_inputs(spec: TransformerSpec, key: jax.Array, batch: int, dtype) -> jax.Array:
     """Random token ids in [0, vocab), (batch, seq_len) int32."""
     return jax.random.randint(key, (batch, spec.seq_len), 0, spec.vocab, jnp.int32)

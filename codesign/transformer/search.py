@@ -9,6 +9,7 @@ Pure: `codesign search --rank` prices each shape's plans (planner.ranking).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 from dataclasses import dataclass
 
@@ -39,7 +40,8 @@ def shapes(base: TransformerSpec, tolerance: float, head_dims: tuple[int, ...] =
 
 
 def gemms(model: TransformerSpec) -> str:
-    """A middle layer's matmuls per sequence, m x n x k, as the hardware tables price them."""
+    """The first layer's matmuls per sequence, m x n x k, as the hardware tables price them (every
+    layer's but the last, which adds the logits')."""
     return " ".join(f"{g.rows}x{g.n}x{g.k}" for block in counts.layer_gemms(model, 0) for g in block)
 
 
@@ -51,7 +53,7 @@ class Shapes:
     base: TransformerSpec
     models: tuple[TransformerSpec, ...]
 
-    @property
+    @functools.cached_property  # the CSV reads it per candidate and target
     def params(self) -> np.ndarray:
         return np.array([counts.param_count(m) for m in self.models])
 

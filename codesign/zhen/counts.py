@@ -111,6 +111,11 @@ def train_flops_per_sample(spec: ModelSpec) -> int:
     return 3 * forward_flops_per_sample(spec)
 
 
+def op_reduced(out: int, emb: int) -> int:
+    """Elements per sample that op's all-reduce of one sharded mixer carries: its output, O x D."""
+    return out * emb
+
+
 def mixer_work(kind: str, f_in: int, out: int, emb: int, fold_dot: bool = False, first: bool = False) -> Work:
     """Per-sample work of one mixer as the engine runs it (fold_dot: the DOT over the Gram's
     upper blocks). Activations: DOT keeps its Gram matrix (the upper blocks when folded), its
@@ -149,12 +154,12 @@ def _mixer_work(kind: str, f_in: int, out: int, emb: int, fold_dot: bool) -> Wor
         return Work(flops, sharded, params, f_in * f_in * DOT_HIDDEN + DOT_HIDDEN + DOT_HIDDEN * od,
                     pairs + DOT_HIDDEN + od, DOT_HIDDEN, 4,
                     f_in * f_in * DOT_HIDDEN if fold_dot else 0, pairs * DOT_HIDDEN if fold_dot else 0, DOT_HIDDEN,
-                    reduced=od)
+                    reduced=op_reduced(out, emb))
     if kind == "ATTENTION":
         ffn = 2 * 2 * od * FFN_HIDDEN
         return Work(flops, ffn, params, 2 * emb * FFN_HIDDEN + FFN_HIDDEN,
                     12 * od + 2 * out * out + out * FFN_HIDDEN, out * FFN_HIDDEN, 13, relu=out * FFN_HIDDEN,
-                    reduced=od)
+                    reduced=op_reduced(out, emb))
     if kind == "CONVOLUTION":
         return Work(flops, 0, params, 0, 2 * emb * f_in + od, 0, 4)
     return Work(flops, 0, params, 0, od, 0, 2)

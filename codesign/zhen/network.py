@@ -412,12 +412,6 @@ def forward(spec: ModelSpec, params: dict, x: jax.Array, options: EngineOptions,
     return out.reshape(out.shape[0], -1)
 
 
-def batch_shapes(spec: ModelSpec, batch: int, dtype) -> tuple[jax.ShapeDtypeStruct, jax.ShapeDtypeStruct]:
-    """Shapes of a batch of `batch` samples' (inputs, targets): inputs in the compute precision."""
-    return (jax.ShapeDtypeStruct((batch, spec.emb_dim, spec.num_features), dtype),
-            jax.ShapeDtypeStruct((batch, counts.output_width(spec)), jnp.float32))
-
-
 def synthetic_inputs(spec: ModelSpec, key: jax.Array, batch: int, dtype) -> jax.Array:
     """Random normal inputs (batch, D, F), drawn in fp32 and given in the compute precision."""
     return jax.random.normal(key, (batch, spec.emb_dim, spec.num_features), jnp.float32).astype(dtype)
