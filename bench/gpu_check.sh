@@ -16,6 +16,8 @@
 # 10. (after part 4) the cost model learns (issue 49): bench/gpu_cost.toml again into a second DB, on the
 #     same profile cache, so priced by the calibration part 3's attempts refitted (the versions are printed):
 #     part 4's error on the second DB (target: median <= 5%);
+# 12. (after part 11) transformers: bench/gpu_transformer.toml (GPT-3 small, one GPU, bf16) through the CLI
+#     into its own DB, then the cost model's error on it (bench/bench_cost_model.py), priced by part 2's profile;
 #  9. (after part 10) energy: part 3's joules per iteration against predicted_energy, per job (target: within 15%),
 #     then, where NVML lets this user set the power limit, part 3's first job at three limits (default, 80%, 60%):
 #     measured time and energy against predicted (bench/bench_power.py; without permission it says why, exit 0);
@@ -32,7 +34,7 @@
 #     all of them together (bench/flag_winners.py), so one lease finds the combination to make the default.
 # The whole check ends within GPU_CHECK_SECONDS (360 s) of its start: each part's timeout is cut to the time
 # left, and a part with less than 15 s left is skipped.
-# GPU_CHECK_PARTS="1 2 3 4" runs those parts alone (default: 1-6, 11, 10 and 9), for a device lease too short for all;
+# GPU_CHECK_PARTS="1 2 3 4" runs those parts alone (default: 1-6, 11, 12, 10 and 9), for a device lease too short for all;
 # GPU_CHECK_ROWS="project-bias-add reference" adds bench_step rows to part 1 (a before/after in one run;
 # project-one-vector: no leaf kept whole beside the flat vector, EngineOptions.whole_leaf; project-whole-leaf: the
 # fp32 step's large leaves whole in bf16 too, so Adam updates the DOT kernel in a kernel of its own, traced too);
@@ -72,7 +74,7 @@ keep() {  # the files made so far, back in one archive (the JAX caches stay behi
 bench_step() { timeout $(within $t_bench) "$py" bench/bench_step.py "${model[@]}" --cache "$JAX_COMPILATION_CACHE_DIR" "$@"; }
 
 part() {  # a part named in GPU_CHECK_PARTS, with 15 s or more of the check's time left
-  [[ " ${GPU_CHECK_PARTS:-1 2 3 4 11 10 9 5 6} " == *" ${1%.} "* ]] || return 1
+  [[ " ${GPU_CHECK_PARTS:-1 2 3 4 11 12 10 9 5 6} " == *" ${1%.} "* ]] || return 1
   if (( end - $(date +%s) < 15 )); then echo "## $* skipped: the check's $seconds s are spent"; return 1; fi
   echo "## $*"
 }
@@ -130,6 +132,19 @@ if part 11. the seed model GEMMs timed, beside the hardware model; then
 for precision in $precisions; do
   timeout $(within $t_gemm) "$py" bench/bench_gemms.py "${model[@]:0:2}" --batch $b1 --precision $precision
 done
+keep
+fi
+
+if part 12. transformers through the CLI: bench/gpu_transformer.toml, against the cost model; then
+config="$work/gpu_transformer.toml"
+sed -e "s/^platform = .*/platform = \"$platform\"/" bench/gpu_transformer.toml > "$config"
+if [ -n "${GPU_CHECK_SMOKE:-}" ]; then  # a model the CPU runs in seconds
+  sed -i -e "s/^num_layers = .*/num_layers = 2/" -e "s/^hidden = .*/hidden = 32/" -e "s/^heads = .*/heads = 4/" \
+    -e "s/^seq_len = .*/seq_len = 16/" -e "s/^vocab = .*/vocab = 128/" -e "s/^num_auto_layers = .*/num_auto_layers = 2/" \
+    -e "s/^num_iters = .*/num_iters = 3/" -e "s/^precision = .*/precision = \"fp32\"/" "$config"
+fi
+timeout $(within $t_cli) "$py" -m codesign -c "$config" -d "$work/transformer.db" --manual-job-timeout 120 2>&1 | tail -n 5
+timeout $(within $t_cost) "$py" bench/bench_cost_model.py -d "$work/transformer.db" -v
 keep
 fi
 

@@ -70,10 +70,25 @@ def test_part_9_compares_energy_with_the_prediction_and_runs_the_power_limits_wh
     """Part 9 exists, after part 4 and before part 5, among the default parts; the script parses."""
     script = (REPO / "bench" / "gpu_check.sh").read_text()
     assert subprocess.run(["bash", "-n", str(REPO / "bench" / "gpu_check.sh")], check=False).returncode == 0
-    assert 'GPU_CHECK_PARTS:-1 2 3 4 11 10 9 5 6}' in script
+    assert 'GPU_CHECK_PARTS:-1 2 3 4 11 12 10 9 5 6}' in script
     order = [script.index(f"\nif part {n}. ") for n in (4, 10, 9, 5)]
     assert order == sorted(order)
     assert 'bench/bench_power.py -d "$work/gpu.db" --limits' in script
+
+
+@pytest.mark.slow
+def test_part_12_runs_a_transformer_through_the_cli_and_prices_it(tmp_path):
+    """Part 12 (issue 56): after part 11, bench/gpu_transformer.toml's jobs through the CLI into a
+    DB of their own, then the cost model's error on them; its smoke form runs on CPU."""
+    script = (REPO / "bench" / "gpu_check.sh").read_text()
+    assert script.index("\nif part 11. ") < script.index("\nif part 12. ") < script.index("\nif part 10. ")
+    env = {**os.environ, "OUT": str(tmp_path), "GPU_CHECK_SMOKE": "1", "GPU_CHECK_PARTS": "12", "JAX_PLATFORMS": "cpu"}
+    done = subprocess.run(["bash", "bench/gpu_check.sh"], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=300, check=False)
+    assert done.returncode == 0, done.stdout[-3000:]
+    log = (tmp_path / "gpu_check.log").read_text()
+    assert "## 12. transformers through the CLI" in log and "attempted: 3 succeeded" in log, log[-3000:]
+    assert re.search(r"^all\s+3\s+[\d.]+%", log, re.MULTILINE), log[-2000:]  # the cost model's error on the 3 jobs
 
 
 def test_part_11_times_the_seed_models_gemms_beside_the_hardware_model():
