@@ -42,6 +42,7 @@ def test_changes_that_beat_part_1_are_timed_together_where_two_or_more_did():
 
 
 @pytest.mark.slow
+@pytest.mark.scripts
 def test_part_8_runs_the_step_once_under_each_flag_set_then_the_winners_together(tmp_path):
     flag_sets = ["--xla_cpu_enable_fast_math=false", "--xla_backend_optimization_level=1"]
     env = {**os.environ, "OUT": str(tmp_path), "GPU_CHECK_SMOKE": "1", "GPU_CHECK_PARTS": "1 8",
@@ -77,6 +78,7 @@ def test_part_9_compares_energy_with_the_prediction_and_runs_the_power_limits_wh
 
 
 @pytest.mark.slow
+@pytest.mark.scripts
 def test_part_12_runs_a_transformer_through_the_cli_and_prices_it(tmp_path):
     """Part 12 (issue 56): after part 11, bench/gpu_transformer.toml's jobs through the CLI into a
     DB of their own, then the cost model's error on them; its smoke form runs on CPU."""
@@ -91,6 +93,7 @@ def test_part_12_runs_a_transformer_through_the_cli_and_prices_it(tmp_path):
     assert re.search(r"^all\s+3\s+[\d.]+%", log, re.MULTILINE), log[-2000:]  # the cost model's error on the 3 jobs
 
 
+@pytest.mark.scripts
 def test_part_11_times_the_seed_models_gemms_beside_the_hardware_model():
     """Part 11 (issue 54): after part 4, bench_gemms.py in each precision; on CPU it times every
     distinct GEMM of the tiny model and says the CPU has no table to compare with."""

@@ -181,6 +181,7 @@ def _kind_shares(text: str) -> dict[str, float]:
 
 
 @pytest.mark.slow
+@pytest.mark.scripts
 def test_bench_step_trace_and_cached_compile_on_cpu(tmp_path):
     """Two traced steps of the small model's project row: a kernel table whose shares add up, and a
     second compile in a fresh process that hits the persistent cache and is faster (the reference
