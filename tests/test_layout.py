@@ -131,6 +131,7 @@ BENCH_SMOKE = {  # "{db}": a copy of the 0.1.0 results DB
     "bench_power.py": ["-d", "{db}", "--limits"],  # no NVML here: the limit runs say so and are skipped
     "bench_auto.py": ["--models", "tiny", "--devices", "1", "--micro", "1", "--iters", "3", "--confirm", "1"],
     "bench_learning.py": ["--jobs", "1", "--base", "builtin"],  # measuring the base takes a minute
+    "bench_teaching.py": ["--jobs", "1", "--teach", "1"],  # two minutes: it measures its base, as issue 55 asks
     "bench_energy.py": ["--groups", "2"],
     "bench_calibrations.py": ["--config", str(DATA / "one_cpu_job.toml")],
     "bench_megatron.py": [],  # its rows' Auto searches (--auto) take minutes; tests/test_transformer.py runs two
