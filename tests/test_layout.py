@@ -148,6 +148,7 @@ def test_every_bench_script_is_smoke_tested():
 
 
 @pytest.mark.slow
+@pytest.mark.scripts
 @pytest.mark.parametrize("script", sorted(BENCH_SMOKE))
 def test_bench_scripts_run_with_their_smallest_arguments(script, tmp_path):
     db = str(release_db(tmp_path / "results.db"))
