@@ -4,8 +4,8 @@ Goals (issues 23, 46): the 79,705 equal-capacity candidates of the default space
 H100 clusters of 8, 16 and 64 GPUs (bench/plan_sim.toml) in at most 60 s on 2 cores; with layer
 groups (bench/codesign_groups.toml: num_auto_layers = 4, micro-batches [1, 4]) in at most 60 s, and
 with the users' fixture Auto specs (groups 2 and 4, micro-batches [1, 2, 4]) in at most 3 minutes,
-each process under 4 GB of peak memory (a cluster's targets rank in one process, the clusters in
-parallel, as `codesign search --rank` ranks them; `--workers 1`: all in one); on 4 virtual CPU devices, the predicted ranking of small candidates
+each process under 4 GB of peak memory (the targets in parallel processes, as `codesign search
+--rank` ranks them; `--workers 1`: all in one); on 4 virtual CPU devices, the predicted ranking of small candidates
 against their measured one (every candidate run): Spearman at least 0.8, the predicted best within
 10% of the measured best. Prints figures; asserts nothing. Run it under `flock /tmp/codesign-bench.lock`.
 
@@ -75,8 +75,8 @@ def ranked_config(name: str, fixture: Path, precision: str):
 
 
 def time_ranking(name: str, fixture: Path, precision: str, workers: int | None) -> None:
-    """Rank the default space on one RANKINGS config, as `codesign search --rank` does (a cluster's
-    targets in one process, the clusters in parallel; `workers` 1: all in this one)."""
+    """Rank the default space on one RANKINGS config, as `codesign search --rank` does (the targets
+    in parallel processes; `workers` 1: all in this one)."""
     from codesign.cli import build_search_parser
     from codesign.planner import ranking
     from codesign.hardware.profiles import ProfileBook
@@ -96,7 +96,7 @@ def time_ranking(name: str, fixture: Path, precision: str, workers: int | None) 
               f"({ranked.plans[best]})", flush=True)
     peak = max(resource.getrusage(who).ru_maxrss for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)) / 2**20
     print(f"ranking time, {precision}, {len(found):,} candidates on {len(rankings)} targets of {where}: {total:.1f} s "
-          f"(goal: at most {goal} s), {'in one process' if workers == 1 else 'a process per cluster'}; peak memory of a process "
+          f"(goal: at most {goal} s), {'in one process' if workers == 1 else 'in parallel processes'}; peak memory of a process "
           f"{peak:.2f} GiB (goal: under 4 GB)", flush=True)
 
 

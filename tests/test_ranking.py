@@ -157,9 +157,9 @@ def test_pruning_keeps_the_unpruned_winners(tmp_path, device):
     assert np.all(pruned.seconds >= full.seconds * (1 - 1e-9))  # a pruned candidate keeps a real plan's time
 
 
-def test_clusters_ranked_in_worker_processes_rank_as_in_one(tmp_path):
-    """Each cluster's targets in a process of its own give the figures of one process, in the
-    config's order of targets."""
+def test_targets_ranked_in_worker_processes_rank_as_in_one(tmp_path):
+    """Targets spread over worker processes (each sharing prices among the targets it ranks) give
+    the figures of one process, in the config's order of targets."""
     path = config_file(tmp_path, batch=64, groups=2)
     path.write_text(path.read_text().replace("num_micro_batches = [2]", "num_micro_batches = [1, 2]") + """
 [[cluster_spec]]

@@ -322,12 +322,14 @@ def one_program(w: Workload, plan: Plan, only: StageCost, busy: int) -> Any:
 
 
 def stage_cost(w: Workload, stage: StagePlan, index: int, plan: Plan, busy: int, pp: int | None = None,
-               in_flight: int | None = None, compute: Compute | None = None) -> StageCost:
+               in_flight: int | None = None, compute: Compute | None = None, peak: bool = True) -> StageCost:
     """Stage `index` of a pp-stage pipeline (default: the plan's length), holding in_flight
     micro-batches (default: as its schedule does). The plan gives the plan-wide choices
     (micro-batches, batch axis, remat, ZeRO-2, schedule); a search prices a stage before the
     other stages exist by passing pp and a plan of no stages; `compute`, its layers' sum where
-    it was priced by composition (planner.fast_pass), replaces pricing them here."""
+    it was priced by composition (planner.fast_pass), replaces pricing them here; peak=False
+    leaves the peak bytes unpriced (but the gradients, which accumulating reads), for callers
+    that read only its seconds."""
     pp = len(plan.stages) if pp is None else pp
     mesh = Submesh.of(stage, plan.batch_axis)
     compute = compute or layers_compute(w, stage.layers, mesh, busy)
@@ -337,9 +339,12 @@ def stage_cost(w: Workload, stage: StagePlan, index: int, plan: Plan, busy: int,
     micro = plan.num_micro_batches
     if in_flight is None:
         in_flight = 1 if pp == 1 else max_in_flight(plan.schedule, pp, index, micro)
-    memory = stage_memory(w, stage.layers, stage.groups, mesh, plan.remat, plan.reduce_scatter, in_flight,
-                          (index == 0, index == pp - 1), fused=pp == 1)
-    if pp > 1 and index > 0:  # the inputs it holds for each in-flight micro-batch
+    if not peak:
+        memory = Memory(grads=stage_grads(w, stage.layers, mesh, plan.reduce_scatter))
+    else:
+        memory = stage_memory(w, stage.layers, stage.groups, mesh, plan.remat, plan.reduce_scatter, in_flight,
+                              (index == 0, index == pp - 1), fused=pp == 1)
+    if peak and pp > 1 and index > 0:  # the inputs it holds for each in-flight micro-batch
         held = in_flight * w.micro_batch / mesh.batch_shards * w.activation_bytes * _carry_in(w.model, stage.layers[0])
         memory = Memory(memory.params, memory.grads, memory.adam, memory.activations + held, memory.workspace)
     once = plan.syncs_once(pp)  # after the last micro-batch, else in each one's backward

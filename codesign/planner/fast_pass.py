@@ -443,7 +443,7 @@ def stage_floors(pricer: Pricer, sums: np.ndarray, devices: tuple[int, ...]) -> 
                 forward, backward = _share(by_shards[:, pricer.shards.index(mesh.batch_shards)], mesh)
                 computes[mesh] = Compute(fixed_f + forward, fixed_b + backward,
                                          **{"all_reduce" if kind == "op all-reduce" else "all_gather": collectives})
-            c = stage_cost(w, StagePlan(((0,),), devices, dp, op), 0, plan, n, 2, 1, computes[mesh])
+            c = stage_cost(w, StagePlan(((0,),), devices, dp, op), 0, plan, n, 2, 1, computes[mesh], peak=False)
             found.append(Floor(micro * (c.forward + c.backward) + c.update, c.forward, c.backward, c.update))
         if found:
             floors[axis, zero] = found

@@ -183,27 +183,30 @@ class Ranking:
             return np.where(np.isfinite(self.seconds), self.global_batch / self.joules, np.nan)
 
 
+# candidates whose bound is tightened at once: a chunk's arrays stay small enough for the
+# allocator to reuse (all of a space's at once, page faults took a third of the time)
+TIGHTEN_CHUNK = 20_000
 PARALLEL_FROM = 10_000  # candidates: a smaller ranking takes less than a worker process to start
 
 
 def rank(query: search.Search, config: Config, book: ProfileBook, platform_of: Callable[[ClusterSpec], str],
          top: int = DEFAULT_TOP, prune: bool = True, workers: int | None = None) -> tuple[Candidates, list[Ranking]]:
-    """Every candidate of the query on every target of the config, best plan each. A cluster's
-    targets are ranked in one process, which shares their layer prices; the clusters in parallel,
-    in up to `workers` processes (default: one per core where the space is large enough)."""
+    """Every candidate of the query on every target of the config, best plan each: the targets
+    in up to `workers` processes (default: one per core where the space is large enough), the
+    dearest first, each process sharing layer prices among the targets it ranks. A target's
+    figures do not depend on which process ranks it."""
     found, listed = candidates(query), targets(config, platform_of)
-    clusters = list(dict.fromkeys(t.cluster for t in listed))
     if workers is None:
         workers = os.cpu_count() or 1 if len(found) >= PARALLEL_FROM else 1
-    workers = min(len(clusters), workers)
+    workers = min(len(listed), workers)
     if workers <= 1:
         return found, _ranked(listed, query, config, book, top, prune, progress=True, found=found)
-    groups = sorted(([t for t in listed if t.cluster == c] for c in clusters), key=_work, reverse=True)
     ranked: dict[Target, Ranking] = {}
     with (ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool,
           tqdm(total=len(listed), desc=f"ranking on {workers} processes", unit="target", file=sys.stderr,
                disable=None, leave=False) as bar):
-        running = [pool.submit(_ranked, group, query, config, book, top, prune) for group in groups]
+        running = [pool.submit(_ranked, [t], query, config, book, top, prune)
+                   for t in sorted(listed, key=_work, reverse=True)]
         for done in as_completed(running):
             for ranking in done.result():
                 ranked[ranking.target] = ranking
@@ -232,17 +235,24 @@ def rank_shapes(found: Shapes, config: Config, book: ProfileBook,
     return rankings
 
 
-def _work(group: list[Target]) -> int:
-    """What ranking a cluster's targets costs, roughly: its devices (meshes, pipeline placements)
-    times its targets; the dearest start first."""
-    return group[0].cluster.num_devices * len(group)
+def _work(target: Target) -> int:
+    """What ranking a target costs, roughly: its cluster's devices (meshes, pipeline placements)."""
+    return target.cluster.num_devices
 
+
+_WORKER: dict = {}  # in a (spawned) worker process: its candidates and layer prices, kept for its next targets
 
 def _ranked(listed: list[Target], query: search.Search, config: Config, book: ProfileBook, top: int, prune: bool,
             progress: bool = False, found: Candidates | None = None) -> list[Ranking]:
-    """Targets ranked in turn, sharing layer prices (a worker process's task: it lists the
-    candidates again, as the same query lists them in the same order)."""
-    found, prices = candidates(query) if found is None else found, {}
+    """Targets ranked in turn, sharing layer prices; in a worker process (found None) it lists
+    the candidates once, as the same query lists them in the same order, and keeps the prices
+    for its next targets."""
+    if found is not None:
+        prices = {}
+    else:
+        if "found" not in _WORKER:
+            _WORKER.update(found=candidates(query), prices={})
+        found, prices = _WORKER["found"], _WORKER["prices"]
     return [rank_target(t, config.training, book, config.links, found, top, prune, prices, progress)
             for t in listed]
 
@@ -308,10 +318,11 @@ def _tighten(bound: np.ndarray, least: np.ndarray, terms: np.ndarray, depth: np.
              pricer: Pricer) -> None:
     """Where the bound does not already prune (under `threshold`, the K-th best time the fast pass
     knows, which the searches only lower): raise it to the least of the candidate's one-program
-    plans' times and pipeline_bound, less a margin for rounding."""
-    open_ = np.flatnonzero(bound < threshold)
-    tighter = np.minimum(least[open_], pipeline_bound(pricer, terms[open_], depth[open_], threshold))
-    bound[open_] = np.maximum(bound[open_], tighter * (1 - 1e-9))
+    plans' times and pipeline_bound, less a margin for rounding; TIGHTEN_CHUNK candidates at a time."""
+    below = np.flatnonzero(bound < threshold)
+    for open_ in np.array_split(below, max(1, math.ceil(len(below) / TIGHTEN_CHUNK))):
+        tighter = np.minimum(least[open_], pipeline_bound(pricer, terms[open_], depth[open_], threshold))
+        bound[open_] = np.maximum(bound[open_], tighter * (1 - 1e-9))
 
 
 def _invalid(target: Target, pricer: Pricer, model: ModelSpec) -> str:
