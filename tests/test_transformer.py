@@ -18,7 +18,7 @@ from codesign.errors import ConfigError
 from codesign.hardware.profiles import ProfileBook
 from codesign.transformer import counts
 from tests.configs import TWO_CPU_DEVICES
-from tests.published_megatron import SC21_TABLE_1
+from tests.published_megatron import H100_GPT3_175B, SC21_TABLE_1
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 import bench_megatron  # noqa: E402
@@ -152,6 +152,18 @@ def test_megatrons_published_runs_are_priced_within_their_bands():
     errors = {run.billions: bench_megatron.best_published(run, book).error for run in SC21_TABLE_1}
     assert all(abs(e) <= 0.25 for e in errors.values()), errors
     assert statistics.median(abs(e) for e in errors.values()) <= 0.15, errors
+
+
+def test_nemo_megatrons_h100_gpt3_175b_runs_are_priced_within_their_band():
+    """NVIDIA's BF16 GPT-3 175B table on DGX H100s (t 4, p 8, micro-batch 1, 128 to 2,048 GPUs) at
+    its published plan on simulated NDRx8 hosts: each within 25% of the TFLOP/s per GPU from its
+    step time, and as flat with the GPUs as published (within 3% of each other, as 518-530 are)."""
+    book = ProfileBook()
+    priced = [bench_megatron.best_published(run, book) for run in H100_GPT3_175B]
+    assert [p.micro_batch_size for p in priced] == [1] * 5
+    assert all(abs(p.error) <= 0.25 for p in priced), [p.error for p in priced]
+    tflops = [p.tflops for p in priced]
+    assert max(tflops) / min(tflops) <= 1.03, tflops
 
 
 def test_auto_search_is_no_slower_than_the_published_plan():

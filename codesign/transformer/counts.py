@@ -113,12 +113,13 @@ def param_count(t: TransformerSpec) -> int:
     return sum(layer_param_count(t, i) for i in range(t.num_layers))
 
 
-def megatron_flops_per_sample(t: TransformerSpec) -> float:
+def megatron_flops_per_sample(t: TransformerSpec, recompute: bool = True) -> float:
     """The FLOPs per sequence that Megatron-LM quotes throughput in (Narayanan et al., SC'21,
-    arXiv 2104.04473, section 5.1): 96 s l h^2 (1 + s / 6h + V / 16lh), with full activation
-    recomputation (four passes) and a 4h MLP."""
+    arXiv 2104.04473, section 5.1): 96 s l h^2 (1 + s / 6h + V / 16lh) with full activation
+    recomputation (four passes of the blocks) and a 4h MLP; without it, three passes, as NVIDIA's
+    NeMo benchmarks count them (72 s l h^2 (1 + s / 6h) + 6 s V h)."""
     s, l, h, v = t.seq_len, t.num_layers, t.hidden, t.vocab
-    return 96 * s * l * h * h * (1 + s / (6 * h) + v / (16 * l * h))
+    return (4 if recompute else 3) * 24 * s * l * h * h * (1 + s / (6 * h)) + 6 * s * v * h
 
 
 def carry_width(t: TransformerSpec, i: int) -> int:
