@@ -7,6 +7,7 @@ import time
 from types import SimpleNamespace
 
 import psutil
+import pytest
 
 from codesign.run.local import LocalExecutor
 from codesign.run.sweep import run_sweep
@@ -18,6 +19,7 @@ from tests.conftest import REPO
 from tests.fault_trials import fault_job
 
 
+@pytest.mark.drills
 def test_hang_crash_and_segfault_are_recorded_and_the_sweep_goes_on(tmp_path, monkeypatch):
     monkeypatch.setenv("FAULT_PIDS", str(tmp_path / "pids"))
     monkeypatch.setenv("PYTHONPATH", str(REPO))

@@ -52,6 +52,7 @@ def statuses(db) -> list[str]:
 
 
 @pytest.mark.slow
+@pytest.mark.drills
 def test_orchestrator_killed_at_random_moments_loses_nothing_and_orphans_nothing(tmp_path):
     rng = random.Random(10)
     for trial in range(4):
@@ -105,6 +106,7 @@ def test_the_outcome_file_is_replaced_whole(tmp_path):
         read_outcome(path)
 
 
+@pytest.mark.drills
 def test_a_db_locked_by_another_process_makes_the_sweep_wait_and_lose_nothing(tmp_path, fault_env):
     """Another process holds the DB's write lock from before the sweep starts until the test
     lets go of it (a line on its stdin): the sweep cannot finish meanwhile, then records everything."""

@@ -108,6 +108,7 @@ def test_a_sweep_whose_jobs_are_all_skipped_never_profiles(tmp_path, measuring_e
 
 
 @pytest.mark.slow
+@pytest.mark.drills
 @pytest.mark.parametrize("behaviour, problem", [("hang", "timed out after 2 s"), ("crash", "exited with code 1")])
 def test_a_profile_that_fails_says_so_in_one_line_and_the_built_in_profile_prices(
         tmp_path, measuring_env, behaviour, problem):
@@ -135,6 +136,7 @@ def assert_gone(pids: list[int], grace: float = 10.0) -> None:
     assert not alive, f"left running: {alive}"
 
 
+@pytest.mark.drills
 @pytest.mark.parametrize("signum, code", [(signal.SIGTERM, 143), (signal.SIGKILL, -signal.SIGKILL)])
 def test_stopping_the_orchestrator_while_it_profiles_leaves_no_process_behind(tmp_path, measuring_env, signum, code):
     (tmp_path / "c.toml").write_text(AUTO_CONFIG)

@@ -28,7 +28,7 @@ from codesign.store.database import Store  # noqa: E402
 from tests.conftest import REPO, SMALL_CONFIG, run_cli  # noqa: E402
 from tests.fault_trials import fault_job  # noqa: E402
 
-pytestmark = pytest.mark.slow  # a two-node Ray cluster: seconds to start, half a minute of jobs
+pytestmark = [pytest.mark.slow, pytest.mark.drills]  # a two-node Ray cluster: seconds to start, half a minute of jobs
 NODE = {"num_cpus": 2, "node_ip_address": "127.0.0.1", "object_store_memory": 80 * 2**20}
 LOSS_TOL = 1e-5
 

@@ -12,6 +12,7 @@ SPEC = ModelSpec(12, 6, 3, 3, (("DOT", "CONVOLUTION"), ("ATTENTION", "DOT"), ("L
 
 
 @pytest.mark.slow
+@pytest.mark.scripts
 def test_reference_step_has_the_project_loss_and_gradients_at_init():
     params = nn.meta.unbox(network.init_params(SPEC, jax.random.key(0)))
     x = jax.random.normal(jax.random.key(1), (5, 6, 12))

@@ -62,6 +62,7 @@ def noted_spans(path) -> list[tuple[float, float]]:
 
 
 @pytest.mark.slow
+@pytest.mark.drills
 def test_a_refit_slowed_to_10_s_beside_a_job_with_a_3_s_timeout_kills_it_on_time(tmp_path, cache, monkeypatch):
     """On GPUs a refit runs beside the jobs: the first job's point starts one that takes 10 s;
     the hanging job beside it is killed within 1 s of its 3 s deadline, and the job that ran on

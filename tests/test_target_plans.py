@@ -49,6 +49,7 @@ num_micro_batches = [1]
 
 
 @pytest.mark.slow
+@pytest.mark.scripts
 def test_each_plan_is_compiled_with_its_collectives_counted(tmp_path):
     (tmp_path / "plans.toml").write_text(CONFIG)
     proc = run_on_devices(4, f"""
