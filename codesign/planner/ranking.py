@@ -242,6 +242,7 @@ def _work(target: Target) -> int:
 
 _WORKER: dict = {}  # in a (spawned) worker process: its candidates and layer prices, kept for its next targets
 
+
 def _ranked(listed: list[Target], query: search.Search, config: Config, book: ProfileBook, top: int, prune: bool,
             progress: bool = False, found: Candidates | None = None) -> list[Ranking]:
     """Targets ranked in turn, sharing layer prices; in a worker process (found None) it lists
