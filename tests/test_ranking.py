@@ -144,6 +144,20 @@ def test_the_pipeline_bound_is_below_every_pipeline_plan(cluster, micro):
         assert ranked.bound[c] <= ranked.seconds[c] * (1 + 1e-9)
 
 
+def test_bounds_tightened_in_chunks_rank_as_all_at_once(tmp_path, monkeypatch):
+    """TIGHTEN_CHUNK only splits the work: chunked, every candidate keeps its time, plan and
+    searched flag, and its bound stays at most its time."""
+    config = load_config(config_file(tmp_path, batch=1024, groups=2))
+    _, (whole,) = ranking.rank(query(), config, ProfileBook(), lambda c: "sim", top=3, workers=1)
+    monkeypatch.setattr(ranking, "TIGHTEN_CHUNK", 7)
+    _, (chunked,) = ranking.rank(query(), config, ProfileBook(), lambda c: "sim", top=3, workers=1)
+    assert len(whole.seconds) > 7 * 3
+    assert np.array_equal(whole.seconds, chunked.seconds) and whole.plans == chunked.plans
+    assert np.array_equal(whole.searched, chunked.searched)
+    fits = np.isfinite(chunked.seconds)
+    assert np.all(chunked.bound[fits] <= chunked.seconds[fits] * (1 + 1e-9))
+
+
 @pytest.mark.parametrize("device", ["cpu", "H100"])
 def test_pruning_keeps_the_unpruned_winners(tmp_path, device):
     config = load_config(config_file(tmp_path, batch=1024, device=device, groups=2))
